@@ -1,0 +1,1 @@
+"""TBE's ``tbe.dsl.compute`` namespace (``from dsl.compute import cube_util``)."""

@@ -1,0 +1,121 @@
+"""The one exception type of the project, and the checks that raise it.
+
+TBE raises ``RuntimeError`` carrying an error code (``E60011`` ...); :class:`DslError` is a
+``RuntimeError`` subclass so TBE-era ``except RuntimeError`` still works, and it carries the code,
+the parameter, the offending value and the rule so a caller can react to any of them.
+
+Every check here runs on plain Python values, before TVM is asked to do anything, so a bad call
+never compiles or writes a file.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+# TBE-style error codes. Kept as data so messages and tests agree on one table.
+E_RANGE = "E60011"  # a value outside its allowed range
+E_DTYPE_MISMATCH = "E65002"  # two tensors that must share a dtype do not
+E_CHANNEL = "E60002"  # channel counts that must agree do not
+E_GEOMETRY_IN = "E60024"  # input / output spatial sizes inconsistent
+E_GEOMETRY_OUT = "E60025"  # output spatial size impossible (no valid tap)
+E_GROUPS = "E60108"  # groups / group_dict invalid
+E_SHAPE = "E60003"  # wrong rank or non-positive dimension
+E_TYPE = "E60005"  # wrong Python type (bool where int, float where int, ...)
+E_DTYPE = "E60006"  # unsupported dtype
+E_NAME = "E60030"  # kernel name / path invalid
+E_FILE = "E60040"  # kernel files missing, corrupt or built elsewhere
+E_VALUE = "E60012"  # any other invalid value
+
+
+class DslError(RuntimeError):
+    """A call the DSL refuses, raised before anything is compiled or written.
+
+    Attributes
+    ----------
+    code : str
+        TBE-style error code, e.g. ``"E60011"``.
+    param : str
+        The parameter at fault, e.g. ``"para_dict['strides']"``.
+    value : object
+        The offending value.
+    rule : str
+        What the value must satisfy (and how to fix it).
+    """
+
+    def __init__(self, code: str, param: str, value: object, rule: str):
+        self.code, self.param, self.value, self.rule = code, param, value, rule
+        super().__init__(f"[{code}] {param}={_short(value)!s}: {rule}")
+
+
+def _short(value: object, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def fail(code: str, param: str, value: object, rule: str) -> DslError:
+    """Build the error (callers ``raise fail(...)`` so tracebacks point at the check)."""
+    return DslError(code, param, value, rule)
+
+
+def check_int(param: str, value: object, *, lo: int | None = None, hi: int | None = None,
+              code: str = E_RANGE) -> int:
+    """Return ``value`` as an int if it is a true integer within ``[lo, hi]``.
+
+    bools are refused: ``True`` as a stride is a bug in the caller, not the number 1.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise fail(E_TYPE, param, value, f"must be an integer, got {type(value).__name__}")
+    value = int(value)
+    if lo is not None and value < lo:
+        raise fail(code, param, value, f"must be >= {lo}")
+    if hi is not None and value > hi:
+        raise fail(code, param, value, f"must be <= {hi}")
+    return value
+
+
+def check_ints(param: str, value: object, length: int | Sequence[int], *, lo: int | None = None,
+               hi: int | None = None, code: str = E_RANGE) -> tuple[int, ...]:
+    """Return ``value`` as a tuple of ints of an allowed length, each within ``[lo, hi]``."""
+    lengths = (length,) if isinstance(length, int) else tuple(length)
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        if hasattr(value, "shape") and hasattr(value, "tolist"):  # a numpy array of sizes
+            value = value.tolist()
+        else:
+            raise fail(E_TYPE, param, value,
+                       f"must be a list or tuple of {_alts(lengths)} integers")
+    if len(value) not in lengths:
+        raise fail(E_SHAPE, param, value,
+                   f"must have {_alts(lengths)} elements, got {len(value)}")
+    return tuple(check_int(f"{param}[{i}]", v, lo=lo, hi=hi, code=code)
+                 for i, v in enumerate(value))
+
+
+def _alts(lengths: Sequence[int]) -> str:
+    return " or ".join(str(n) for n in lengths)
+
+
+SUPPORTED_FLOATS = ("float16", "float32", "bfloat16")
+
+
+def check_dtype(param: str, dtype: object, allowed: Sequence[str]) -> str:
+    """Return the dtype string if it is one of ``allowed``."""
+    if not isinstance(dtype, str) or dtype not in allowed:
+        raise fail(E_DTYPE, param, dtype, f"must be one of {', '.join(allowed)}")
+    return dtype
+
+
+def check_shape(param: str, shape: object, rank: int | Sequence[int], *, lo: int = 1,
+                max_elems: int = 2**31 - 1) -> tuple[int, ...]:
+    """Return a tensor shape as ints, checking rank, positivity and int32-indexable size."""
+    dims = check_ints(param, shape, rank, lo=lo, code=E_SHAPE)
+    total = math.prod(dims)
+    if total > max_elems:
+        raise fail(E_SHAPE, param, dims,
+                   f"has {total} elements; at most {max_elems} fit the kernels' int32 indexing")
+    return dims
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)

@@ -1,0 +1,76 @@
+"""Schedules: how each compute runs on each target family.
+
+A *rule* is ``rule(sch, workload)``: it transforms ``sch`` (a ``tvm.s_tir.Schedule`` of the
+whole kernel) in place. Rules are registered per (compute tag, target family) and looked up by
+the tag of the kernel's anchor (output) stage; a (tag, family) without a rule falls back to
+(tag, "generic"), then to :func:`schedules.generic.schedule_generic`, which is always correct.
+
+Rules read target numbers (vector lanes, cores) from ``workload.target`` and never test its
+name, so a new target is a new entry in ``targets/``, not an edit here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from targets import CpuTarget
+
+
+@dataclass
+class Workload:
+    """What a rule sees besides the schedule.
+
+    Attributes
+    ----------
+    anchor_tag : str
+        Tag of the output stage (the registry key).
+    blocks : dict
+        Block name per stage tag (``{"conv2d_backprop_input.acc": "dx_acc", ...}``).
+    attrs : dict
+        The anchor compute's ``attrs`` (op name, JSON parameters).
+    target : CpuTarget
+    """
+
+    anchor_tag: str
+    blocks: dict[str, str]
+    attrs: dict
+    target: CpuTarget
+    extra: dict = field(default_factory=dict)
+
+
+Rule = Callable[["object", Workload], None]
+_RULES: dict[tuple[str, str], tuple[str, Rule]] = {}
+
+
+def register(tag: str, family: str = "generic"):
+    """Decorator: ``@register("conv2d_backprop_input", "x86")``."""
+
+    def deco(fn: Rule) -> Rule:
+        _RULES[(tag, family)] = (f"{fn.__module__}.{fn.__name__}", fn)
+        return fn
+
+    return deco
+
+
+def lookup(tag: str, target: CpuTarget) -> tuple[str, Rule]:
+    """The (name, rule) for a tag on a target, falling back to the generic schedule."""
+    _load_builtin()
+    from schedules.generic import schedule_generic
+
+    for key in ((tag, target.family), (tag, "generic")):
+        if key in _RULES:
+            return _RULES[key]
+    return f"{schedule_generic.__module__}.{schedule_generic.__name__}", schedule_generic
+
+
+def registered() -> list[tuple[str, str, str]]:
+    _load_builtin()
+    return sorted((tag, fam, name) for (tag, fam), (name, _) in _RULES.items())
+
+
+def _load_builtin() -> None:
+    if not _RULES:
+        import schedules.conv2d_backprop_filter  # noqa: F401
+        import schedules.conv2d_backprop_input  # noqa: F401
+        import schedules.layout  # noqa: F401
