@@ -15,7 +15,6 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from targets import use as target  # noqa: E402
 from dsl.build import build  # noqa: E402
 from dsl.conv2d_backprop_filter import conv2d_backprop_filter  # noqa: E402
 from dsl.conv2d_backprop_input import conv2d_backprop_input  # noqa: E402
@@ -23,6 +22,7 @@ from dsl.errors import DslError  # noqa: E402
 from dsl.group import calculate_group  # noqa: E402
 from dsl.kernel import Kernel, load  # noqa: E402
 from dsl.schedule import Schedule, auto_schedule  # noqa: E402
+from targets import use as target  # noqa: E402
 
 __all__ = ["DslError", "Kernel", "Schedule", "auto_schedule", "build", "calculate_group",
            "conv2d_backprop_filter", "conv2d_backprop_input", "load", "target"]

@@ -74,9 +74,9 @@ def _check_config(sch, config) -> tuple[str, list, Path, bool, bool]:
                        "is neither an input nor an output of the scheduled computation")
     for t in [*placeholders, *sch.outputs]:
         if not any(same_tensor(t, u) for u in tensors):
+            role = "output" if any(same_tensor(t, o) for o in sch.outputs) else "input"
             raise fail(E_VALUE, "config['tensor_list']", [u.op.name for u in tensors],
-                       f"must include {'output' if any(same_tensor(t, o) for o in sch.outputs) else 'input'} "
-                       f"'{t.op.name}'")
+                       f"must include {role} '{t.op.name}'")
     parent = config.get("kernel_meta_parent_dir", None)
     if parent is None:
         parent = os.getcwd()

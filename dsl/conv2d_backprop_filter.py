@@ -31,8 +31,17 @@ import json
 
 from dsl.conv2d_backprop_input import tensor_shape
 from dsl.conv_geometry import ConvAxis
-from dsl.errors import (E_CHANNEL, E_DTYPE, E_DTYPE_MISMATCH, E_GROUPS, E_SHAPE, ceil_div,
-                        check_int, check_shape, fail)
+from dsl.errors import (
+    E_CHANNEL,
+    E_DTYPE,
+    E_DTYPE_MISMATCH,
+    E_GROUPS,
+    E_SHAPE,
+    ceil_div,
+    check_int,
+    check_shape,
+    fail,
+)
 from dsl.group import C0, GroupLayout, calculate_group
 from dsl.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute, te_all
 from dsl.para_dict import parse_conv2d_para

@@ -31,8 +31,18 @@ from __future__ import annotations
 import json
 
 from dsl.conv_geometry import ConvAxis
-from dsl.errors import (E_CHANNEL, E_DTYPE, E_DTYPE_MISMATCH, E_GROUPS, E_SHAPE, E_VALUE,
-                        ceil_div, check_int, check_shape, fail)
+from dsl.errors import (
+    E_CHANNEL,
+    E_DTYPE,
+    E_DTYPE_MISMATCH,
+    E_GROUPS,
+    E_SHAPE,
+    E_VALUE,
+    ceil_div,
+    check_int,
+    check_shape,
+    fail,
+)
 from dsl.group import C0, GroupLayout, calculate_group, check_group_dict
 from dsl.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute
 from dsl.para_dict import check_offset_x, parse_conv2d_para

@@ -16,8 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from dsl.errors import (E_CHANNEL, E_GROUPS, E_SHAPE, E_TYPE, ceil_div, check_int, check_ints,
-                        fail)
+from dsl.errors import E_CHANNEL, E_GROUPS, E_SHAPE, E_TYPE, ceil_div, check_int, check_ints, fail
 
 C0 = 16  # channels per 5HD block and per FracZ fractal side, for float16 and float32 alike
 

@@ -82,6 +82,7 @@ class Schedule:
     def s_tir(self, tensor_list=None):
         """The ``tvm.s_tir.Schedule`` of this kernel with its rule applied."""
         import tvm
+
         from schedules import lookup
 
         sch = tvm.s_tir.Schedule(self.prim_func(tensor_list))

@@ -1,0 +1,113 @@
+"""Test helpers: random data, tolerances, and kernels built once per signature."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import dsl
+from dsl import kernel_cache
+from dsl.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+
+# Max |out - ref| / max(1, max|ref|) allowed per output dtype. Inputs are drawn exactly
+# representable in the input dtype, so the error is the fp32 accumulation (~1e-6 relative)
+# plus the final rounding to the output dtype.
+TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+try:
+    import torch  # noqa: F401
+    HAVE_TORCH = True
+except ImportError:  # pragma: no cover - depends on the machine
+    HAVE_TORCH = False
+
+
+def rand(rng, shape, dtype):
+    """Values exactly representable in ``dtype`` (so the reference sees the same numbers)."""
+    a = rng.uniform(-1, 1, size=shape).astype(np.float32)
+    if dtype == "bfloat16":
+        import ml_dtypes
+        return a.astype(ml_dtypes.bfloat16)
+    return a.astype(dtype)
+
+
+def assert_close(out, ref, out_dtype, what=""):
+    out = np.asarray(out, np.float64)
+    err = np.abs(out - ref).max() if out.size else 0.0
+    scale = max(1.0, np.abs(ref).max() if ref.size else 0.0)
+    assert out.shape == ref.shape, (what, out.shape, ref.shape)
+    assert err / scale <= TOL[out_dtype], f"{what}: max err {err:.3g} (scale {scale:.3g})"
+    return err / scale
+
+
+def case_id(c):
+    return "n{}_ci{}_co{}_{}x{}_k{}x{}_s{}_p{}_d{}_g{}".format(
+        c["n"], c["cin"], c["cout"], c["h"], c["w"], c["kh"], c["kw"],
+        "".join(map(str, c["stride"])), "".join(map(str, c["pads"])),
+        "".join(map(str, c["dil"])), c["groups"])
+
+
+def out_hw(c):
+    ho = (c["h"] + c["pads"][0] + c["pads"][1] - ((c["kh"] - 1) * c["dil"][0] + 1)) \
+        // c["stride"][0] + 1
+    wo = (c["w"] + c["pads"][2] + c["pads"][3] - ((c["kw"] - 1) * c["dil"][1] + 1)) \
+        // c["stride"][1] + 1
+    return ho, wo
+
+
+def para(c, **extra):
+    return {"strides": list(c["stride"]), "padding": list(c["pads"]),
+            "dilations": [1, 1, *c["dil"]], **extra}
+
+
+def dx_kernel(c, dtype, res_dtype, target=None):
+    ho, wo = out_hw(c)
+    c1y = -(-c["cout"] // 16)
+    w_sizes = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
+    fz_shape = dsl.layout.GroupLayout.from_weight(w_sizes, c["groups"]).fracz_shape
+
+    def make():
+        from tvm import te
+        dy = te.placeholder((c["n"], c1y, ho, wo, 16), name="out_backprop", dtype=dtype)
+        w = te.placeholder(fz_shape, name="filters", dtype=dtype)
+        dx = dsl.conv2d_backprop_input(w, dy, w_sizes, (c["n"], c["cin"], c["h"], c["w"]),
+                                       para(c, res_dtype=res_dtype))
+        return [w, dy], [dx]
+
+    sig = {"op": "dx", "case": c, "dtype": dtype, "res": res_dtype}
+    return kernel_cache.get_kernel(sig, make, prefix="t_dx", target=target)
+
+
+def dw_kernel(c, dtype, res_dtype, target=None):
+    ho, wo = out_hw(c)
+    w_sizes = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
+
+    def make():
+        from tvm import te
+        x = te.placeholder((c["n"], -(-c["cin"] // 16), c["h"], c["w"], 16), name="fmap",
+                           dtype=dtype)
+        dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop",
+                            dtype=dtype)
+        dw = dsl.conv2d_backprop_filter(x, dy, w_sizes,
+                                        para(c, res_dtype=res_dtype, groups=c["groups"]))
+        return [x, dy], [dw]
+
+    sig = {"op": "dw", "case": c, "dtype": dtype, "res": res_dtype}
+    return kernel_cache.get_kernel(sig, make, prefix="t_dw", target=target)
+
+
+def dx_data(c, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    ho, wo = out_hw(c)
+    dy = rand(rng, (c["n"], c["cout"], ho, wo), dtype)
+    w = rand(rng, (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"]), dtype)
+    return dy, w
+
+
+def dw_data(c, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    ho, wo = out_hw(c)
+    x = rand(rng, (c["n"], c["cin"], c["h"], c["w"]), dtype)
+    dy = rand(rng, (c["n"], c["cout"], ho, wo), dtype)
+    return x, dy
+
+
+__all__ = ["nc1hwc0_to_nchw", "nchw_to_5hd", "weight_to_fracz"]
