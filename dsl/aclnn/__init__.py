@@ -1,0 +1,18 @@
+"""The aclnn two-phase operators as build-then-run numpy calls.
+
+``aclnnXxxGetWorkspaceSize`` + ``aclnnXxx`` map to one call here: the first call with a given
+signature builds (and caches, see :mod:`dsl.kernel_cache`) the kernel, later calls just run it.
+"""
+
+from __future__ import annotations
+
+
+def __getattr__(name: str):
+    # Lazy, so importing dsl.aclnn costs nothing until an operator is used.
+    import importlib
+
+    modules = {"convolution_backward": "dsl.aclnn.convolution_backward",
+               "avg_pool2d_backward": "dsl.aclnn.avg_pool2d_backward"}
+    if name in modules:
+        return getattr(importlib.import_module(modules[name]), name)
+    raise AttributeError(f"module 'dsl.aclnn' has no attribute {name!r}")
