@@ -8,11 +8,12 @@ from __future__ import annotations
 
 
 def __getattr__(name: str):
-    # Lazy, so importing dsl.aclnn costs nothing until an operator is used.
+    # Lazy, so importing dsl.aclnn costs nothing until an operator is used. The modules are
+    # not named after the functions: importing a submodule would shadow the function.
     import importlib
 
-    modules = {"convolution_backward": "dsl.aclnn.convolution_backward",
-               "avg_pool2d_backward": "dsl.aclnn.avg_pool2d_backward"}
+    modules = {"convolution_backward": "dsl.aclnn.convolution",
+               "avg_pool2d_backward": "dsl.aclnn.avg_pool"}
     if name in modules:
         return getattr(importlib.import_module(modules[name]), name)
     raise AttributeError(f"module 'dsl.aclnn' has no attribute {name!r}")
