@@ -69,8 +69,17 @@ def registered() -> list[tuple[str, str, str]]:
     return sorted((tag, fam, name) for (tag, fam), (name, _) in _RULES.items())
 
 
+_LOADED = False
+
+
 def _load_builtin() -> None:
-    if not _RULES:
-        import schedules.conv2d_backprop_filter  # noqa: F401
-        import schedules.conv2d_backprop_input  # noqa: F401
-        import schedules.layout  # noqa: F401
+    """Import every module of this package once: each registers its rules on import."""
+    global _LOADED
+    if _LOADED:
+        return
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+    _LOADED = True
