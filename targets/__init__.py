@@ -15,8 +15,6 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
-from dsl.errors import E_VALUE, fail
-
 
 @dataclass(frozen=True)
 class CpuTarget:
@@ -90,6 +88,8 @@ def get(name: str | CpuTarget) -> CpuTarget:
         return name
     _load_builtin()
     if name not in _REGISTRY:
+        from dsl.errors import E_VALUE, fail  # lazy: dsl imports targets
+
         raise fail(E_VALUE, "target", name, f"must be one of {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
 
