@@ -9,30 +9,6 @@ from __future__ import annotations
 import numpy as np
 
 
-def conv2d_forward(x, w, stride, pads, dilation, groups):
-    """y = conv2d(x, w) in NCHW, float64; pads = (top, bottom, left, right)."""
-    x = np.asarray(x, np.float64)
-    w = np.asarray(w, np.float64)
-    n, cin, h, wd = x.shape
-    cout, cin_g, kh, kw = w.shape
-    (sh, sw), (dh, dw) = stride, dilation
-    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[1]), (pads[2], pads[3])))
-    ho = (h + pads[0] + pads[1] - ((kh - 1) * dh + 1)) // sh + 1
-    wo = (wd + pads[2] + pads[3] - ((kw - 1) * dw + 1)) // sw + 1
-    cout_g = cout // groups
-    y = np.zeros((n, cout, ho, wo))
-    for g in range(groups):
-        xs = xp[:, g * cin_g:(g + 1) * cin_g]
-        ws = w[g * cout_g:(g + 1) * cout_g]
-        for i in range(kh):
-            for j in range(kw):
-                patch = xs[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh,
-                           j * dw:j * dw + sw * (wo - 1) + 1:sw]
-                y[:, g * cout_g:(g + 1) * cout_g] += np.einsum("nchw,oc->nohw", patch,
-                                                               ws[:, :, i, j])
-    return y
-
-
 def conv2d_backprop_input(dy, w, x_shape, stride, pads, dilation, groups):
     """dx[n, g*Cin_g+ci, ho*sh - top + kh*dh, wo*sw - left + kw*dw] +=
     dy[n, g*Cout_g+co, ho, wo] * w[g*Cout_g+co, ci, kh, kw] (scatter form), float64."""
