@@ -15,14 +15,19 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from dsl.avg_pool2d_backward import avg_pool2d_backward  # noqa: E402
 from dsl.build import build  # noqa: E402
 from dsl.conv2d_backprop_filter import conv2d_backprop_filter  # noqa: E402
 from dsl.conv2d_backprop_input import conv2d_backprop_input  # noqa: E402
+from dsl.convolution_backward import convolution_backward  # noqa: E402
+from dsl.deconv_grad_filter import deconv_grad_filter  # noqa: E402
 from dsl.errors import DslError  # noqa: E402
 from dsl.group import calculate_group  # noqa: E402
 from dsl.kernel import Kernel, load  # noqa: E402
 from dsl.schedule import Schedule, auto_schedule  # noqa: E402
+from dsl.tune import tune  # noqa: E402
 from targets import use as target  # noqa: E402
 
-__all__ = ["DslError", "Kernel", "Schedule", "auto_schedule", "build", "calculate_group",
-           "conv2d_backprop_filter", "conv2d_backprop_input", "load", "target"]
+__all__ = ["DslError", "Kernel", "Schedule", "auto_schedule", "avg_pool2d_backward", "build",
+           "calculate_group", "conv2d_backprop_filter", "conv2d_backprop_input",
+           "convolution_backward", "deconv_grad_filter", "load", "target", "tune"]

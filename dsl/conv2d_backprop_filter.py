@@ -18,10 +18,17 @@ result : 4-D group FracZ ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)`` of ``res_dtype`` (
 
 Stages (schedules find them by tag)
 -----------------------------------
-``conv2d_backprop_filter.x_pad``  x zero-padded to every ``o*stride + k*dilation``, fp32.
+``conv2d_backprop_filter.x_pad``  x zero-padded to every ``o*stride + k*dilation``, fp32
+    (5HD; NCHW ``[N, Cin, Hp, Wp]`` when Cout is the lane axis, see ``acc``).
+``conv2d_backprop_filter.dy_cast``  (groups == 1, float16 inputs) dy converted to fp32 once.
+``conv2d_backprop_filter.dy_group``  (groups > 1 only) dy regathered per x lane,
+    ``[N, C1x, Ho, Wo, Cout_g, 16]`` fp32: lane ``cx0`` of block ``cx1`` holds its group's dy
+    channel ``co``, so the reduction reads whole vectors.
 ``conv2d_backprop_filter.acc``    the fp32 reduction over ``(n, ho, wo)`` into a compact
-    ``[C1x, KH, KW, CO, 16]`` (Cin lanes last; CO = padded Cout for groups == 1, else Cout_g),
-    so grouped and depthwise layers do no cross-group work.
+    ``dw_acc [C1x, KH, KW, CO, 16]`` (Cin lanes last; CO = padded Cout for groups == 1, else
+    Cout_g), so grouped and depthwise layers do no cross-group work; or, for a dense layer
+    whose Cin pads worse to 16 than its Cout (an RGB stem), ``dw_acc_t [C1y, KH, KW, Cin, 16]``
+    with Cout in the lanes.
 ``conv2d_backprop_filter``        the compact result scattered into group FracZ, cast.
 """
 
@@ -38,6 +45,7 @@ from dsl.errors import (
     E_GROUPS,
     E_SHAPE,
     ceil_div,
+    check_elems,
     check_int,
     check_shape,
     fail,
@@ -70,6 +78,7 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
     te.Tensor
         dw in group FracZ ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)``.
     """
+    import tvm
     from tvm import te
 
     para = parse_conv2d_para(para_dict, op=TAG, default_res_dtype="float32",
@@ -106,28 +115,72 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
                           para.dilations[0])
     aw = ConvAxis.checked("W", w, dy_shape[3], kw, para.strides[1], para.pads[2], para.pads[3],
                           para.dilations[1])
+    # group FracZ pads every group to whole 16x16 blocks: small weights can overflow int32
+    check_elems("filter_sizes", list(w_sizes), lay.fracz_shape, "the group FracZ dw")
+    check_elems("input_x.shape", list(x_shape),
+                (n, c1x, ah.x_padded_size, aw.x_padded_size, C0), "the padded x")
 
-    xp = pad_cast_5hd_compute(input_x, (ah.pad_before, aw.pad_before),
-                              (ah.x_padded_size, aw.x_padded_size), ACC_DTYPE,
-                              name="dw_x_pad", tag=f"{TAG}.x_pad")
+    c1y = dy_shape[1]
+    cout_lanes = lay.dense and c1y * C0 * cin < c1x * C0 * cout
+    if cout_lanes:
+        # x is only broadcast, channel by channel: pad just the real channels, NCHW
+        def xq_body(b, ci, hp, wp):
+            src_h, src_w = hp - ah.pad_before, wp - aw.pad_before
+            ok = tvm.tirx.all(src_h >= 0, src_h < h, src_w >= 0, src_w < w)
+            val = input_x[b, ci // C0, te.max(te.min(src_h, h - 1), 0),
+                          te.max(te.min(src_w, w - 1), 0), ci % C0]
+            return te.if_then_else(ok, val.astype(ACC_DTYPE), tvm.tirx.const(0, ACC_DTYPE))
+
+        xq = te.compute((n, cin, ah.x_padded_size, aw.x_padded_size), xq_body,
+                        name="dw_x_pad", tag=f"{TAG}.x_pad")
+    else:
+        xp = pad_cast_5hd_compute(input_x, (ah.pad_before, aw.pad_before),
+                                  (ah.x_padded_size, aw.x_padded_size), ACC_DTYPE,
+                                  name="dw_x_pad", tag=f"{TAG}.x_pad")
     co_ext = dy_shape[1] * C0 if lay.dense else lay.cout_g
     rn = te.reduce_axis((0, n), name="n")
     rh = te.reduce_axis((0, ah.n_out), name="ho")
     rw = te.reduce_axis((0, aw.n_out), name="wo")
 
-    def acc_body(cx1, k_h, k_w, co, cx0):
-        if lay.dense:
-            dyc = co
-        else:
+    dy32 = out_backprop
+    if lay.dense and dtype != ACC_DTYPE:
+        # converted once, not once per broadcast in the reduction
+        dy32 = te.compute(dy_shape, lambda *i: out_backprop[i].astype(ACC_DTYPE),
+                          name="dw_dy_cast", tag=f"{TAG}.dy_cast")
+    if lay.dense:
+        def dyv_of(cx1, co, cx0):
+            return dy32[rn, co // C0, rh, rw, co % C0].astype(ACC_DTYPE)
+    else:
+        def dyg_body(b, cx1, ho, wo, co, cx0):
             c = cx1 * C0 + cx0
             g, _ = lay.group_of_input_channel(c if cin % C0 == 0 else te.min(c, cin - 1))
             dyc = g * lay.cout_g + co
-        dyv = out_backprop[rn, dyc // C0, rh, rw, dyc % C0].astype(ACC_DTYPE)
+            return out_backprop[b, dyc // C0, ho, wo, dyc % C0].astype(ACC_DTYPE)
+
+        # dy regathered per x lane (lane cx0 of block cx1 sees its group's channel co at
+        # [..., co, cx0]) so the reduction multiplies whole vectors instead of gathering
+        dyg = te.compute((n, c1x, ah.n_out, aw.n_out, lay.cout_g, C0), dyg_body,
+                         name="dw_dy_group", tag=f"{TAG}.dy_group")
+        def dyv_of(cx1, co, cx0):
+            return dyg[rn, cx1, rh, rw, co, cx0]
+
+    def acc_body(cx1, k_h, k_w, co, cx0):
         xv = xp[rn, cx1, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation,
                 cx0]
-        return te.sum(dyv * xv, axis=[rn, rh, rw])
+        return te.sum(dyv_of(cx1, co, cx0) * xv, axis=[rn, rh, rw])
 
-    acc = te.compute((c1x, kh, kw, co_ext, C0), acc_body, name="dw_acc", tag=f"{TAG}.acc")
+    if cout_lanes:
+        # few input channels (an RGB stem): Cout is the lane axis, so the padded lanes of
+        # Cin cost nothing; x is broadcast per real input channel
+        def acc_t_body(cy1, k_h, k_w, ci, cy0):
+            xv = xq[rn, ci, rh * ah.stride + k_h * ah.dilation,
+                    rw * aw.stride + k_w * aw.dilation]
+            dyv = dy32[rn, cy1, rh, rw, cy0].astype(ACC_DTYPE)
+            return te.sum(dyv * xv, axis=[rn, rh, rw])
+
+        acc = te.compute((c1y, kh, kw, cin, C0), acc_t_body, name="dw_acc_t", tag=f"{TAG}.acc")
+    else:
+        acc = te.compute((c1x, kh, kw, co_ext, C0), acc_body, name="dw_acc", tag=f"{TAG}.acc")
 
     params = {**para.as_json(), "groups": groups, "group_dict": gd,
               "filter_sizes": list(w_sizes)}
@@ -143,12 +196,14 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
         else:
             g = co_orig // lay.cout_g
             c, co = te.min(g * lay.cin_g + ci, c1x * C0 - 1), co_orig % lay.cout_g
-        val = acc[c // C0, k_h, k_w, co, c % C0].astype(para.res_dtype)
+        if cout_lanes:
+            val = acc[co // C0, k_h, k_w, te.min(c, cin - 1), co % C0]
+        else:
+            val = acc[c // C0, k_h, k_w, co, c % C0]
+        val = val.astype(para.res_dtype)
         ok = te_all(conds)
         if ok is None:
             return val
-        import tvm
-
         return te.if_then_else(ok, val, tvm.tirx.const(0, para.res_dtype))
 
     return te.compute(lay.fracz_shape, out_body, name="dw", tag=TAG, attrs=attrs)

@@ -19,11 +19,24 @@ result : 5-D NC1HWC0, ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype``; pad chan
 
 Stages (schedules find them by tag)
 -----------------------------------
-``conv2d_backprop_input.dy_pad``  dy zero-padded so every enumerated tap reads in bounds, fp32.
-``conv2d_backprop_input.weight``  weight repacked ``[C1x, KHp, KWp, CO, 16]`` (Cin lanes last),
-    zero for the padded taps and pad channels, fp32.
-``conv2d_backprop_input.acc``     the fp32 reduction, stride-phase aware (see ConvAxis.dx_taps).
-``conv2d_backprop_input``         pad channels zeroed, cast to ``res_dtype``.
+dx is computed per output phase ``(ph, pw)`` (positions ``(q_h*sh + ph, q_w*sw + pw)``): each
+phase reads only the taps that hit it, at dy rows affine in ``q`` (no zero-inserted dy, no
+multiplication by zero taps), so strided dx does exactly the forward's multiply-adds.
+
+``conv2d_backprop_input.dy_pad``  dy zero-padded so every listed tap reads in bounds, fp32:
+    5HD ``[N, C1y, Hp, Wp, 16]`` when groups == 1; grouped layers regather it per dx lane as
+    ``[N, C1x, Hp, Wp, Cout_g, 16]`` (lane ``cx0`` of block ``cx1`` holds its group's dy
+    channel ``co``) so the reduction reads whole vectors.
+``conv2d_backprop_input.weight``  weight repacked ``[C1x, KH, KW, CO, 16]`` (Cin lanes last;
+    CO = padded Cout for groups == 1, else Cout_g), zero for pad channels, fp32.
+``conv2d_backprop_input.acc``     one fp32 reduction per phase with taps, ``[N, C1x, Hq, Wq, 16]``,
+    named ``dx_acc`` (stride 1) or ``dx_acc_<ph>_<pw>``; phases no tap reaches have none.
+    For a dense layer whose Cin pads worse to 16 than its Cout (an RGB stem) the lanes are
+    Cout instead: ``dx_acc_t*`` ``[N, Cin, Hq, Wq, 16]`` holds per-lane partial sums (the
+    weight stage is then ``[Cin, KH, KW, C1y, 16]``), and
+``conv2d_backprop_input.lane_sum``  ``dx_sum*`` ``[N, Cin, Hq, Wq]`` adds those 16 lanes up.
+``conv2d_backprop_input``         the phases interleaved, pad channels zeroed, cast to
+    ``res_dtype``.
 """
 
 from __future__ import annotations
@@ -37,8 +50,10 @@ from dsl.errors import (
     E_DTYPE_MISMATCH,
     E_GROUPS,
     E_SHAPE,
+    E_TYPE,
     E_VALUE,
     ceil_div,
+    check_elems,
     check_int,
     check_shape,
     fail,
@@ -62,6 +77,8 @@ def tensor_shape(param: str, t: object, rank: int) -> tuple[int, ...]:
     except TypeError:
         raise fail(E_SHAPE, f"{param}.shape", list(t.shape),
                    "must be static: symbolic shapes are not supported") from None
+    if any(str(getattr(d, "ty", "")) == "bool" for d in t.shape):  # int(True) passes; LLVM fails
+        raise fail(E_TYPE, f"{param}.shape", list(t.shape), "must be integers, not bools")
     return check_shape(f"{param}.shape", dims, rank)
 
 
@@ -89,6 +106,7 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     te.Tensor
         dx, NC1HWC0 ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype``.
     """
+    import tvm
     from tvm import te
 
     para = parse_conv2d_para(para_dict, op=TAG, default_res_dtype="float16",
@@ -138,11 +156,13 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
                           para.dilations[0])
     aw = ConvAxis.checked("W", w, dy_shape[3], kw, para.strides[1], para.pads[2], para.pads[3],
                           para.dilations[1])
+    # input_sizes can fit int32 while its 5HD result (C padded to 16) does not
+    check_elems("input_sizes", list(x_sizes), (n, ceil_div(cin, C0), h, w, C0), "the 5HD dx")
 
     c1x, c1y = ceil_div(cin, C0), dy_shape[1]
-    dyp = pad_cast_5hd_compute(out_backprop, (ah.dy_pad_before, aw.dy_pad_before),
-                               (ah.dy_padded_size, aw.dy_padded_size), ACC_DTYPE,
-                               name="dx_dy_pad", tag=f"{TAG}.dy_pad")
+    phases_h, phases_w = axis_phases(ah), axis_phases(aw)
+    pad_h, size_h = dy_padding(ah, phases_h)
+    pad_w, size_w = dy_padding(aw, phases_w)
     co_ext = c1y * C0 if lay.dense else lay.cout_g  # reduction extent over output channels
 
     def channel(cx1, cx0):
@@ -150,59 +170,104 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
         c = cx1 * C0 + cx0
         return lay.group_of_input_channel(c if cin % C0 == 0 else te.min(c, cin - 1))
 
+    if lay.dense:
+        dyp = pad_cast_5hd_compute(out_backprop, (pad_h, pad_w), (size_h, size_w), ACC_DTYPE,
+                                   name="dx_dy_pad", tag=f"{TAG}.dy_pad")
+    else:
+        def dyg_body(b, cx1, hp, wp, co, cx0):
+            g, _ = channel(cx1, cx0)
+            dyc = g * lay.cout_g + co
+            src_h, src_w = hp - pad_h, wp - pad_w
+            val = out_backprop[b, dyc // C0, te.max(te.min(src_h, ah.n_out - 1), 0),
+                               te.max(te.min(src_w, aw.n_out - 1), 0), dyc % C0]
+            ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
+            return te.if_then_else(ok, val.astype(ACC_DTYPE), tvm.tirx.const(0, ACC_DTYPE))
+
+        # dy regathered per dx lane: lane cx0 of block cx1 finds its group's dy channel co at
+        # [..., co, cx0], so the reduction loads whole vectors instead of gathering lanes
+        dyp = te.compute((n, c1x, size_h, size_w, lay.cout_g, C0), dyg_body, name="dx_dy_pad",
+                         tag=f"{TAG}.dy_pad")
+
     def weight_body(cx1, k_h, k_w, co, cx0):
         g, ci = channel(cx1, cx0)
-        row, lane = lay.fracz_row_lane(g, ci, te.min(k_h, kh - 1), te.min(k_w, kw - 1))
+        row, lane = lay.fracz_row_lane(g, ci, k_h, k_w)
         col1, col0 = lay.fracz_col(g, co)
         val = filters[row, col1, col0, lane].astype(ACC_DTYPE)
         conds = []
-        if ah.padded_kernel != kh:
-            conds.append(k_h < kh)
-        if aw.padded_kernel != kw:
-            conds.append(k_w < kw)
         if cin % C0:
             conds.append(cx1 * C0 + cx0 < cin)
         if lay.dense and cout % C0:
             conds.append(co < cout)
         if not conds:
             return val
-        import tvm
-
         return te.if_then_else(tvm.tirx.all(*conds), val, tvm.tirx.const(0, ACC_DTYPE))
 
-    wt = te.compute((c1x, ah.padded_kernel, aw.padded_kernel, co_ext, C0), weight_body,
-                    name="dx_weight", tag=f"{TAG}.weight")
+    # few input channels (an RGB stem): vectorise over Cout instead, the reduction's own
+    # lane axis, and add the 16 lanes up at the end, so Cin's padded lanes cost nothing
+    cout_lanes = lay.dense and c1y * C0 * cin < c1x * C0 * cout
+    if cout_lanes:
+        def weight_t_body(ci, k_h, k_w, cy1, cy0):
+            row, lane = lay.fracz_row_lane(0, ci, k_h, k_w)
+            val = filters[row, cy1, cy0, lane].astype(ACC_DTYPE)
+            if cout % C0 == 0:
+                return val
+            return te.if_then_else(cy1 * C0 + cy0 < cout, val, tvm.tirx.const(0, ACC_DTYPE))
 
-    jh = te.reduce_axis((0, ah.n_taps), name="jh")
-    jw = te.reduce_axis((0, aw.n_taps), name="jw")
-    if lay.dense:
-        rco1 = te.reduce_axis((0, c1y), name="co1")
-        rco0 = te.reduce_axis((0, C0), name="co0")
-        red = [rco1, jh, jw, rco0]
+        wt = te.compute((cin, kh, kw, c1y, C0), weight_t_body, name="dx_weight",
+                        tag=f"{TAG}.weight")
     else:
-        rco = te.reduce_axis((0, lay.cout_g), name="co")
-        red = [jh, jw, rco]
+        wt = te.compute((c1x, kh, kw, co_ext, C0), weight_body, name="dx_weight",
+                        tag=f"{TAG}.weight")
 
-    def acc_body(b, cx1, i, j, cx0):
-        k_h, row_h, cond_h = ah.dx_taps(i, jh)
-        k_w, row_w, cond_w = aw.dx_taps(j, jw)
+    def phase_acc(ph, pw):
+        """acc of the dx positions (q_h*sh + ph, q_w*sw + pw): every tap index is affine."""
+        (nq_h, k0_h, nt_h, c_h), (nq_w, k0_w, nt_w, c_w) = phases_h[ph], phases_w[pw]
+        st_h, st_w = ah.tap_step, aw.tap_step
+        dr_h, dr_w = st_h * ah.dilation // ah.stride, st_w * aw.dilation // aw.stride
+        jh = te.reduce_axis((0, nt_h), name="jh")
+        jw = te.reduce_axis((0, nt_w), name="jw")
         if lay.dense:
-            dyv = dyp[b, rco1, row_h, row_w, rco0]
-            wv = wt[cx1, k_h, k_w, rco1 * C0 + rco0, cx0]
+            rco1 = te.reduce_axis((0, c1y), name="co1")
+            rco0 = te.reduce_axis((0, C0), name="co0")
+            red = [rco1, jh, jw, rco0]
         else:
-            g, _ = channel(cx1, cx0)
-            dyc = g * lay.cout_g + rco
-            dyv = dyp[b, dyc // C0, row_h, row_w, dyc % C0]
-            wv = wt[cx1, k_h, k_w, rco, cx0]
-        prod = dyv * wv
-        conds = [c for c in (cond_h, cond_w) if c is not None]
-        if conds:
-            import tvm
+            rco = te.reduce_axis((0, lay.cout_g), name="co")
+            red = [jh, jw, rco]
 
-            prod = te.if_then_else(tvm.tirx.all(*conds), prod, tvm.tirx.const(0, ACC_DTYPE))
-        return te.sum(prod, axis=red)
+        def body(b, cx1, qh, qw, cx0):
+            row_h = qh + (c_h + pad_h) - jh * dr_h
+            row_w = qw + (c_w + pad_w) - jw * dr_w
+            k_h, k_w = k0_h + jh * st_h, k0_w + jw * st_w
+            if lay.dense:
+                dyv = dyp[b, rco1, row_h, row_w, rco0]
+                wv = wt[cx1, k_h, k_w, rco1 * C0 + rco0, cx0]
+            else:
+                dyv = dyp[b, cx1, row_h, row_w, rco, cx0]
+                wv = wt[cx1, k_h, k_w, rco, cx0]
+            return te.sum(dyv * wv, axis=red)
 
-    acc = te.compute((n, c1x, h, w, C0), acc_body, name="dx_acc", tag=f"{TAG}.acc")
+        suffix = "" if len(phases_h) * len(phases_w) == 1 else f"_{ph}_{pw}"
+        if not cout_lanes:
+            return te.compute((n, c1x, nq_h, nq_w, C0), body, name=f"dx_acc{suffix}",
+                              tag=f"{TAG}.acc")
+        rco1 = te.reduce_axis((0, c1y), name="co1")
+
+        def body_t(b, ci, qh, qw, cy0):
+            row_h = qh + (c_h + pad_h) - jh * dr_h
+            row_w = qw + (c_w + pad_w) - jw * dr_w
+            return te.sum(dyp[b, rco1, row_h, row_w, cy0]
+                          * wt[ci, k0_h + jh * st_h, k0_w + jw * st_w, rco1, cy0],
+                          axis=[rco1, jh, jw])
+
+        part = te.compute((n, cin, nq_h, nq_w, C0), body_t, name=f"dx_acc_t{suffix}",
+                          tag=f"{TAG}.acc")
+        lane = te.reduce_axis((0, C0), name="lane")
+        return te.compute((n, cin, nq_h, nq_w),
+                          lambda b, ci, qh, qw: te.sum(part[b, ci, qh, qw, lane], axis=[lane]),
+                          name=f"dx_sum{suffix}", tag=f"{TAG}.lane_sum")
+
+    accs = {(ph, pw): phase_acc(ph, pw) for ph in range(len(phases_h))
+            for pw in range(len(phases_w)) if phases_h[ph][2] and phases_w[pw][2]}
 
     params = {**para.as_json(), "offset_x": 0, "offset_w": None, "group_dict": gd,
               "filter_sizes": list(w_sizes), "input_sizes": list(x_sizes)}
@@ -212,11 +277,49 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
              "dsl_formats": json.dumps(formats, sort_keys=True)}
 
     def out_body(b, cx1, i, j, cx0):
-        val = acc[b, cx1, i, j, cx0].astype(para.res_dtype)
-        if cin % C0 == 0:
-            return val
-        import tvm
-
-        return te.if_then_else(cx1 * C0 + cx0 < cin, val, tvm.tirx.const(0, para.res_dtype))
+        sh, sw = len(phases_h), len(phases_w)
+        val = tvm.tirx.const(0, ACC_DTYPE)
+        for (ph, pw), acc in accs.items():
+            # clamped: a vectorised select may evaluate both arms
+            qh = te.min(i // sh, phases_h[ph][0] - 1) if sh > 1 else i
+            qw = te.min(j // sw, phases_w[pw][0] - 1) if sw > 1 else j
+            if cout_lanes:
+                pick = acc[b, te.min(cx1 * C0 + cx0, cin - 1), qh, qw]
+            else:
+                pick = acc[b, cx1, qh, qw, cx0]
+            conds = ([i % sh == ph] if sh > 1 else []) + ([j % sw == pw] if sw > 1 else [])
+            val = te.if_then_else(tvm.tirx.all(*conds), pick, val) if conds else pick
+        if cin % C0:
+            val = te.if_then_else(cx1 * C0 + cx0 < cin, val, tvm.tirx.const(0, ACC_DTYPE))
+        return val.astype(para.res_dtype)
 
     return te.compute((n, c1x, h, w, C0), out_body, name="dx", tag=TAG, attrs=attrs)
+
+
+def axis_phases(ax: ConvAxis) -> list[tuple[int, int, int, int]]:
+    """Per output phase ``p < stride`` of one axis (dx positions ``q*stride + p``):
+    ``(positions, first tap k0, taps, c)`` where tap ``k0 + j*tap_step`` of position ``q``
+    reads dy row ``q + c - j*tap_step*dilation/stride`` (unpadded). Only the taps that hit are
+    listed, so a phase no tap reaches has 0 taps and no work."""
+    out = []
+    for p in range(ax.stride):
+        count = ceil_div(ax.n_in - p, ax.stride) if p < ax.n_in else 0
+        t = p + ax.pad_before
+        ks = [k for k in range(ax.kernel) if (t - k * ax.dilation) % ax.stride == 0]
+        if not ks or not count:
+            out.append((count, 0, 0, 0))
+            continue
+        out.append((count, ks[0], len(ks), (t - ks[0] * ax.dilation) // ax.stride))
+    return out
+
+
+def dy_padding(ax: ConvAxis, phases) -> tuple[int, int]:
+    """(zero rows before dy, padded length) so every listed tap of every phase reads in
+    bounds; the rows outside dy are the taps that fall off the forward output."""
+    lo, hi = 0, ax.n_out - 1
+    dr = ax.tap_step * ax.dilation // ax.stride
+    for count, _, taps, c in phases:
+        if taps:
+            lo = min(lo, c - (taps - 1) * dr)
+            hi = max(hi, count - 1 + c)
+    return -lo, hi + 1 - lo

@@ -11,6 +11,10 @@ The input gradient is the adjoint: input position ``i`` receives from every ``(o
 ``stride / gcd(stride, dilation)`` can satisfy that, so :meth:`ConvAxis.dx_taps` enumerates just
 those: a strided dx does ``ceil(kernel / step)`` taps per position, not ``kernel`` (and never
 multiplies zeros inserted between dy rows).
+
+:meth:`ConvAxis.cropped` builds the same axis for a transposed convolution whose output was
+cropped (``DeconvGradFilter``): there the read tensor is dy, taps outside it are dropped, and
+``n_in`` is free as long as some tap lands inside.
 """
 
 from __future__ import annotations
@@ -55,7 +59,37 @@ class ConvAxis:
                        f" = {expect}")
         return cls(n_in, n_out, kernel, stride, pad_before, pad_after, dilation)
 
+    @classmethod
+    def cropped(cls, axis: str, n_in: int, n_out: int, kernel: int, stride: int,
+                pad_before: int, dilation: int, *, in_param: str) -> ConvAxis:
+        """An axis whose taps outside ``[0, n_in)`` are dropped instead of forcing ``n_out``.
+
+        Position ``o*stride - pad_before + k*dilation`` of the read tensor (size ``n_in``) is
+        used when it lies in ``[0, n_in)`` and read as zero otherwise, for every
+        ``0 <= o < n_out``; this is a transposed convolution whose output (size ``n_in`` here)
+        was cropped, as in ``DeconvGradFilter``. ``pad_after`` is whatever makes the padded
+        tensor cover every tap. Raises E60025 naming ``in_param`` when no tap lands inside.
+        """
+        for k in range(kernel):
+            lo = pad_before - k * dilation  # o*stride must be in [lo, lo + n_in)
+            o = max(0, -(-lo // stride))
+            if o < n_out and o * stride < lo + n_in:
+                break
+        else:
+            raise fail(E_GEOMETRY_OUT, in_param, n_in,
+                       f"no tap o*stride - pad + k*dilation (o < {n_out}, k < {kernel}, "
+                       f"stride {stride}, pad {pad_before}, dilation {dilation}) lands in "
+                       f"[0, {n_in}) along {axis}; every contribution would be dropped")
+        span = (n_out - 1) * stride + (kernel - 1) * dilation + 1
+        return cls(n_in, n_out, kernel, stride, pad_before,
+                   max(0, span - n_in - pad_before), dilation)
+
     # --- weight gradient / forward: x read at o*stride + k*dilation of padded x --------------
+    @property
+    def tap_extent(self) -> int:
+        """Rows of the padded x that some ``o*stride + k*dilation`` reads (a prefix of it)."""
+        return (self.n_out - 1) * self.stride + (self.kernel - 1) * self.dilation + 1
+
     @property
     def x_padded_size(self) -> int:
         """Length of the zero-padded x that every ``o*stride + k*dilation`` indexes."""

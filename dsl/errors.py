@@ -82,7 +82,8 @@ def check_ints(param: str, value: object, length: int | Sequence[int], *, lo: in
     if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
         if hasattr(value, "shape") and hasattr(value, "tolist"):  # a numpy array of sizes
             value = value.tolist()
-        else:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            # a numpy scalar / 0-d array's tolist() is a bare number, not a sequence
             raise fail(E_TYPE, param, value,
                        f"must be a list or tuple of {_alts(lengths)} integers")
     if len(value) not in lengths:
@@ -115,6 +116,20 @@ def check_shape(param: str, shape: object, rank: int | Sequence[int], *, lo: int
         raise fail(E_SHAPE, param, dims,
                    f"has {total} elements; at most {max_elems} fit the kernels' int32 indexing")
     return dims
+
+
+def check_elems(param: str, value: object, shape: Sequence[int], what: str, *,
+                max_elems: int = 2**31 - 1) -> None:
+    """Refuse a derived tensor (a 5HD result, a padded stage) too big for int32 indexing.
+
+    The arguments can each fit while a tensor made from them does not (5HD pads C to 16, a
+    padded stage adds rows); TVM would then wrap its int32 index arithmetic silently.
+    """
+    total = math.prod(int(d) for d in shape)
+    if total > max_elems:
+        raise fail(E_SHAPE, param, value,
+                   f"makes {what} {tuple(int(d) for d in shape)} of {total} elements; at most "
+                   f"{max_elems} fit the kernels' int32 indexing")
 
 
 def ceil_div(a: int, b: int) -> int:

@@ -14,6 +14,7 @@ through :class:`GroupLayout`, so the map is written once.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 from dsl.errors import E_CHANNEL, E_GROUPS, E_SHAPE, E_TYPE, ceil_div, check_int, check_ints, fail
@@ -56,10 +57,11 @@ def calculate_group(out_backprop_nchw, input_size_nchw, w_shape_nchw, groups,
         ``dx_c1_extend``, ``dy_c1_extend``, ``dx_c_ori``, ``dy_c_ori``, ``filter_batch_ori``,
         ``filter_c_ori``, ``filter_ori_format``.
     """
-    if filter_ori_format not in _TO_NCHW:
+    # isinstance first: an unhashable value (a list) would make ``in`` raise TypeError
+    if not isinstance(filter_ori_format, str) or filter_ori_format not in _TO_NCHW:
         raise fail(E_SHAPE, "filter_ori_format", filter_ori_format,
                    f"must be one of {', '.join(_TO_NCHW)}")
-    if filter_dtype not in _CUBE_K:
+    if not isinstance(filter_dtype, str) or filter_dtype not in _CUBE_K:
         raise fail(E_TYPE, "filter_dtype", filter_dtype, f"must be one of {', '.join(_CUBE_K)}")
     dy = check_ints("out_backprop_nchw", out_backprop_nchw, 4, lo=1, code=E_SHAPE)
     dx = check_ints("input_size_nchw", input_size_nchw, 4, lo=1, code=E_SHAPE)
@@ -104,12 +106,14 @@ def check_group_dict(given: object, expected: dict, param: str = "para_dict['gro
             raise fail(E_GROUPS, f"{param}['{key}']", None,
                        "is missing; build the dict with dsl.calculate_group(...)")
         value = given[key]
-        if isinstance(value, bool) or value != expected[key]:
+        # only true ints compare safely: a numpy array's ``!=`` has no truth value
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+                or value != expected[key]:
             raise fail(E_GROUPS, f"{param}['{key}']", value,
                        f"must be {expected[key]} for these filter_sizes / input_sizes / groups "
                        "(see dsl.calculate_group)")
     fmt = given.get("filter_ori_format", "NCHW")
-    if fmt != "NCHW":
+    if not isinstance(fmt, str) or fmt != "NCHW":
         raise fail(E_GROUPS, f"{param}['filter_ori_format']", fmt,
                    "must be 'NCHW': filter_sizes are given in NCHW")
 
@@ -138,7 +142,9 @@ class GroupLayout:
 
     @classmethod
     def from_weight(cls, w_shape_nchw, groups: int) -> GroupLayout:
-        cout, cin_g, kh, kw = w_shape_nchw
+        # checked here so errors name the caller's weight / groups, not the derived shapes
+        cout, cin_g, kh, kw = check_ints("w_shape_nchw", w_shape_nchw, 4, lo=1, code=E_SHAPE)
+        groups = check_int("groups", groups, lo=1, code=E_GROUPS)
         gd = calculate_group((1, cout, 1, 1), (1, cin_g * groups, 1, 1), w_shape_nchw, groups)
         return cls(groups, cin_g, cout // groups, kh, kw, gd["multiple_extend"],
                    gd["g_extend"], gd["dx_c1_extend"], gd["dy_c1_extend"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -32,9 +34,10 @@ class Kernel:
         return f"<dsl.Kernel {self.name}({sig})>"
 
     def _check(self, i: int, spec: dict, a: object) -> np.ndarray:
-        if not isinstance(a, np.ndarray):
+        if not isinstance(a, np.ndarray) or isinstance(a, np.ma.MaskedArray):
+            # a masked array's mask would be silently ignored: refuse it rather than guess
             raise fail(E_TYPE, f"{self.name} argument {i} ({spec['name']})", type(a).__name__,
-                       "must be a numpy.ndarray")
+                       "must be a plain numpy.ndarray")
         if list(a.shape) != spec["shape"] and a.size == int(np.prod(spec["shape"])) and \
                 a.ndim == 1:
             a = a.reshape(spec["shape"])  # flat buffers of the right size are accepted
@@ -69,10 +72,29 @@ class Kernel:
         by_role = iter(tin), iter(tout)
         args = [next(by_role[0] if t["role"] == "input" else by_role[1])
                 for t in self.meta["tensors"]]
-        self.func(*args)
+        try:
+            self.func(*args)
+        except Exception as exc:  # noqa: BLE001 - arguments already match the .json
+            raise fail(E_FILE, f"{self.name}(...)", str(exc).splitlines()[0][:200],
+                       "the library refused arguments that match its .json (the .json was "
+                       "edited, or the run failed, e.g. out of memory); rebuild it") from exc
         for o, t in zip(outs, tout):
             o[...] = t.numpy()
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _check_tensor_entry(t: object) -> None:
+    """One ``tensors`` entry of a kernel .json, as Kernel.__call__ will use it."""
+    if not isinstance(t, dict):
+        raise TypeError(f"tensor entry {t!r} is not an object")
+    name, shape, dtype, role = t["name"], t["shape"], t["dtype"], t["role"]
+    if not isinstance(name, str) or role not in ("input", "output"):
+        raise ValueError(f"tensor entry {name!r} has role {role!r}")
+    if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise ValueError(f"tensor {name!r} has shape {shape!r}")
+    if not isinstance(dtype, str):  # not np.dtype(): bfloat16 needs ml_dtypes imported
+        raise ValueError(f"tensor {name!r} has dtype {dtype!r}")
 
 
 def _compatible(meta: dict) -> None:
@@ -100,13 +122,40 @@ def load(name: str, kernel_meta_parent_dir: str | os.PathLike | None = None) -> 
     ``.so`` whose sha256 differs from the JSON's, or a kernel built for another target or DSL
     version.
     """
-    import tvm
+    name = check_kernel_name("name", name)
+    if kernel_meta_parent_dir is not None and (
+            not isinstance(kernel_meta_parent_dir, (str, os.PathLike))
+            or "\x00" in str(kernel_meta_parent_dir)):
+        raise fail(E_TYPE, "kernel_meta_parent_dir", kernel_meta_parent_dir,
+                   "must be a directory path (str or os.PathLike)")
+    parent = Path(os.getcwd() if kernel_meta_parent_dir is None else kernel_meta_parent_dir)
+    so, js = parent / "kernel_meta" / f"{name}.so", parent / "kernel_meta" / f"{name}.json"
+    # build renames .so then .json under an exclusive flock of this file; sharing it here means
+    # a load never pairs one build's .so with another's .json, nor dlopens a .so swapped after
+    # it was hashed
+    with _shared_lock(so.parent / f".{name}.lock"):
+        return _load_files(name, so, js)
+
+
+@contextlib.contextmanager
+def _shared_lock(path: Path):
+    try:  # never created here: loading must work in a read-only kernel_meta/
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _load_files(name: str, so: Path, js: Path) -> Kernel:
+    import tvm_ffi
 
     from dsl.build import sha256_file
 
-    name = check_kernel_name("name", name)
-    parent = Path(os.getcwd() if kernel_meta_parent_dir is None else kernel_meta_parent_dir)
-    so, js = parent / "kernel_meta" / f"{name}.so", parent / "kernel_meta" / f"{name}.json"
     for p in (so, js):
         if not p.is_file():
             raise fail(E_FILE, "name", name, f"has no {p}; build it first with dsl.build")
@@ -116,15 +165,30 @@ def load(name: str, kernel_meta_parent_dir: str | os.PathLike | None = None) -> 
         if not isinstance(tensors, list) or not isinstance(digest, str):
             raise TypeError("bad field types")
         for t in tensors:
-            t["name"], t["shape"], t["dtype"], t["role"]  # noqa: B018 - presence check
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            _check_tensor_entry(t)
+        if not any(t["role"] == "output" for t in tensors):
+            raise ValueError("no output tensor")
+        for key in ("versions", "target"):  # _compatible reads them as dicts
+            if not isinstance(meta.get(key, {}), dict):
+                raise TypeError(f"'{key}' is not an object")
+        if not isinstance(meta.get("function", name), str) or not isinstance(meta["name"], str):
+            raise TypeError("'function' / 'name' is not a string")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
+        # RecursionError: json.loads of a deeply nested file ("[[[[...") is not a ValueError
         raise fail(E_FILE, "kernel json", str(js), f"is malformed ({exc}); rebuild it") from None
     if sha256_file(so) != digest:
         raise fail(E_FILE, "kernel .so", str(so),
                    "does not match the sha256 in its .json (modified or half-written); rebuild")
     _compatible(meta)
-    module = tvm.runtime.load_module(str(so))
-    func = module.get_function(meta.get("function", name), query_imports=True)
+    try:  # a .so and .json that agree can still both be foreign: not a TVM library at all
+        # keep_module_alive=False: tvm.runtime.load_module pins every library for the life of
+        # the process (a dlopen'ed .so per kernel, never released); a Kernel owns its module,
+        # and its function keeps the module alive while anyone still holds the function.
+        module = tvm_ffi.load_module(os.path.realpath(so), keep_module_alive=False)
+        func = module.get_function(meta.get("function", name), query_imports=True)
+    except Exception as exc:  # noqa: BLE001 - any loader failure means an unusable library
+        raise fail(E_FILE, "kernel .so", str(so),
+                   f"cannot be loaded ({str(exc).splitlines()[0][:200]}); rebuild it") from None
     if func is None:
         raise fail(E_FILE, "kernel .so", str(so), f"exports no function '{name}'; rebuild it")
     return Kernel(meta, module, func)

@@ -16,12 +16,18 @@ import hashlib
 import json
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 import targets
 
-_MEMORY: dict[str, object] = {}
+# Least recently used first. Bounded so a process that meets many signatures (a sweep, a
+# fuzzer) keeps memory bounded: an evicted kernel's library is unloaded once no caller holds
+# it, and the next call with that signature reloads it from disk without compiling.
+_MEMORY: OrderedDict[str, object] = OrderedDict()
+_max = os.environ.get("DSL_KERNEL_CACHE_MAX", "")
+MAX_KERNELS = int(_max) if _max.isdigit() else 256  # a malformed value must not break import
 _LOCK = threading.Lock()
 STATS = {"hits": 0, "builds": 0}
 
@@ -56,6 +62,7 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
         kernel = _MEMORY.get(key)
         if kernel is not None:
             STATS["hits"] += 1
+            _MEMORY.move_to_end(key)
             return kernel
         inputs, outputs = make()
         sch = auto_schedule(outputs, target=tgt)
@@ -66,6 +73,8 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
         kernel = load(name, root)
         STATS["builds"] += 1
         _MEMORY[key] = kernel
+        while len(_MEMORY) > max(1, MAX_KERNELS):
+            _MEMORY.popitem(last=False)
         return kernel
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsl.errors import E_SHAPE, E_TYPE, ceil_div, check_int, check_shape, fail
+from dsl.errors import E_SHAPE, E_TYPE, ceil_div, check_elems, check_int, check_shape, fail
 from dsl.group import C0, GroupLayout
 
 FORMAT_5HD = "NC1HWC0"
@@ -31,12 +31,30 @@ def _as_array(param: str, a: object, rank: int) -> np.ndarray:
     return a
 
 
+def _te_shape(param: str, t: object, ranks) -> tuple[int, ...]:
+    """Static shape of a TE tensor argument of a layout compute, checked like the operators'."""
+    from tvm import te
+
+    if not isinstance(t, te.Tensor):
+        raise fail(E_TYPE, param, type(t).__name__, "must be a tvm.te.Tensor")
+    try:
+        dims = [int(d) for d in t.shape]
+    except TypeError:
+        raise fail(E_SHAPE, f"{param}.shape", list(t.shape),
+                   "must be static: symbolic shapes are not supported") from None
+    if any(str(getattr(d, "ty", "")) == "bool" for d in t.shape):  # int(True) passes; LLVM fails
+        raise fail(E_TYPE, f"{param}.shape", list(t.shape), "must be integers, not bools")
+    return check_shape(f"{param}.shape", dims, ranks)
+
+
 # --- numpy host packers ----------------------------------------------------------------------
 
 def nchw_to_5hd(x: np.ndarray) -> np.ndarray:
     """``(N, C, *spatial)`` -> ``(N, ceil(C/16), *spatial, 16)``, pad channels zero."""
     if not isinstance(x, np.ndarray) or x.ndim < 3:
         raise fail(E_SHAPE, "x", getattr(x, "shape", x), "must be an ndarray (N, C, *spatial)")
+    if 0 in x.shape:  # C == 0 would give a 5HD with no C1 blocks, which no kernel takes
+        raise fail(E_SHAPE, "x.shape", x.shape, "must have no zero dimension")
     n, c, *sp = x.shape
     c1 = ceil_div(c, C0)
     out = np.zeros((n, c1 * C0, *sp), dtype=x.dtype)
@@ -92,8 +110,9 @@ def nchw_to_5hd_compute(x, name: str = "to_5hd"):
     """TE: ``x (N, C, *spatial)`` -> ``(N, ceil(C/16), *spatial, 16)``; tag ``layout.to_5hd``."""
     from tvm import te
 
-    n, c, *sp = (int(d) for d in x.shape)
+    n, c, *sp = _te_shape("x", x, range(3, 9))
     c1 = ceil_div(c, C0)
+    check_elems("x.shape", (n, c, *sp), (n, c1, *sp, C0), "the 5HD result")
 
     def body(i, j, *rest):
         *sidx, k = rest
@@ -109,7 +128,11 @@ def nc1hwc0_to_nchw_compute(x5, channels: int, name: str = "from_5hd"):
     """TE: ``(N, C1, *spatial, 16)`` -> ``(N, channels, *spatial)``; tag ``layout.from_5hd``."""
     from tvm import te
 
-    n, _, *sp, _ = (int(d) for d in x5.shape)
+    n, c1, *sp, c0 = _te_shape("x5", x5, range(4, 10))
+    if c0 != C0:
+        raise fail(E_SHAPE, "x5.shape", (n, c1, *sp, c0), f"must end in C0={C0}")
+    # more channels than C1*16 would read past x5
+    channels = check_int("channels", channels, lo=1, hi=c1 * C0, code=E_SHAPE)
     return te.compute((n, channels, *sp),
                       lambda i, ch, *s: x5[(i, ch // C0, *s, ch % C0)],
                       name=name, tag="layout.from_5hd", attrs={"format": "NCHW"})
@@ -119,7 +142,9 @@ def weight_to_fracz_compute(w, groups: int = 1, name: str = "to_fracz"):
     """TE: ``W[Cout, Cin/groups, KH, KW]`` -> group FracZ; tag ``layout.to_fracz``."""
     from tvm import te
 
-    lay = GroupLayout.from_weight(tuple(int(d) for d in w.shape), groups)
+    w_shape = _te_shape("w", w, 4)
+    lay = GroupLayout.from_weight(w_shape, groups)
+    check_elems("w.shape", w_shape, lay.fracz_shape, "the group FracZ result")
 
     def body(row, col1, col0, lane):
         co, ci, kh, kw, conds = lay.weight_of_fracz(row, col1, col0, lane)
@@ -142,7 +167,7 @@ def fracz_to_weight_compute(fz, w_shape_nchw, groups: int = 1, name: str = "from
 
     w_shape = check_shape("w_shape_nchw", w_shape_nchw, 4)
     lay = GroupLayout.from_weight(w_shape, groups)
-    if tuple(int(d) for d in fz.shape) != lay.fracz_shape:
+    if _te_shape("fz", fz, 4) != lay.fracz_shape:
         raise fail(E_SHAPE, "fz.shape", tuple(int(d) for d in fz.shape),
                    f"must be {lay.fracz_shape} for weight {w_shape} with groups={groups}")
     return te.compute(w_shape, lambda co, ci, kh, kw: fz[lay.fracz_index(co, ci, kh, kw)],

@@ -17,7 +17,7 @@ def check_kernel_name(param: str, name: object) -> str:
         raise fail(E_NAME, param, name, "must be a str")
     if len(name) > KERNEL_NAME_MAX:
         raise fail(E_NAME, param, name, f"must be at most {KERNEL_NAME_MAX} characters")
-    if not KERNEL_NAME_RE.match(name):
+    if not KERNEL_NAME_RE.fullmatch(name):  # not match(): "$" also matches before a final "\n"
         raise fail(E_NAME, param, name,
                    "must match ^[A-Za-z_][A-Za-z0-9_]*$ (letters, digits, underscore; no paths)")
     return name

@@ -59,6 +59,8 @@ class Schedule:
     rule_name: str
     anchor_tag: str
     override: object = None  # a tuned trace (set by dsl.tune) replacing the rule
+    # What build writes to the JSON "schedule" entry (source, trace, measured time...).
+    schedule_meta: dict | None = None
 
     def default_tensor_list(self) -> list:
         placeholders, _ = walk(self.outputs)
@@ -105,6 +107,8 @@ def auto_schedule(res, target=None) -> Schedule:
     """Choose the schedule for ``res`` (a tensor or list of output tensors).
 
     ``target`` defaults to :func:`targets.current` (host unless inside ``targets.use(...)``).
+    When the tuning database (:mod:`dsl.tuning_db`) holds an accepted record for this workload
+    on this target, the schedule replays its trace instead of the registered rule.
     """
     from schedules import lookup
 
@@ -112,4 +116,8 @@ def auto_schedule(res, target=None) -> Schedule:
     tgt = targets.get(target) if target is not None else targets.current()
     tag = outs[0].op.tag
     name, _ = lookup(tag, tgt)
-    return Schedule(outs, tgt, name, tag)
+    sch = Schedule(outs, tgt, name, tag)
+    from dsl.tuning_db import apply_tuned
+
+    apply_tuned(sch)  # a tuned record for this workload and target replaces the rule
+    return sch

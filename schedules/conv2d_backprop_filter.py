@@ -1,1 +1,124 @@
-"""placeholder"""
+"""x86 schedule of ``conv2d_backprop_filter`` (dw).
+
+dw is a GEMM per tap whose reduction is ``N*Ho*Wo``: ``acc[C1, KH, KW, C, 16]``, the last axis
+the vector lane. A register tile of accumulators stays live across the reduction. Dense layers
+tile ``C1 x C`` (one operand loaded as vectors, the other broadcast); grouped and depthwise
+layers, whose C is tiny and whose both operands are vectors, tile ``C x KW (x KH)`` so each
+loaded vector is reused across taps. Tile sizes come from the target's register file.
+
+When the reduction's data does not fit the L2 cache, or the spatial axes are too few to keep
+every core busy (grouped, depthwise, stem layers), the ``N*Ho`` rows are split into chunks by
+``rfactor``: each task runs all taps over one chunk that stays in cache, writes a partial sum,
+and a small vectorised reduction adds the chunks.
+"""
+
+from __future__ import annotations
+
+import math
+
+import schedules
+from schedules.conv2d_backprop_input import (
+    best_factor,
+    block_named,
+    blocks_with_prefix,
+    c0_vectors,
+    elementwise,
+    extent,
+    register_tile,
+    split_loops,
+    vector_registers,
+)
+
+TAG = "conv2d_backprop_filter"
+
+
+def _buffer_bytes(region) -> int:
+    buf = region.source
+    bits = {"float16": 16, "bfloat16": 16, "float32": 32}.get(str(buf.dtype), 32)
+    return math.prod(int(d) for d in buf.shape) * bits // 8
+
+
+def dw_tiles(sch, block, target, grouped: bool) -> dict[int, int]:
+    """Inner tile per spatial loop index of ``acc[C1, KH, KW, C, 16]``."""
+    c1, kh, kw, co = (extent(sch, lp) for lp in sch.get_loops(block)[:4])
+    n_vec, _ = c0_vectors(target)
+    regs = vector_registers(target)
+    if not grouped:
+        def fits(c, t):
+            # accumulators + the vector rows of the tile + one broadcast per channel
+            return c * t * n_vec + c * n_vec + t <= regs
+
+        best = (0, 1, 1)
+        for c1_t in (1, 2, 4):
+            if c1 % c1_t or not fits(c1_t, 1):
+                continue
+            co_t = best_factor(co, max(t for t in range(1, regs) if fits(c1_t, t)))
+            # most accumulators wins; ties go to the smaller C1 tile (fewer vector loads)
+            best = max(best, (c1_t * co_t, -c1_t, co_t))
+        return {0: -best[1], 3: best[2]}
+
+    def fits_g(h, w, c):
+        # accumulators + one x vector per tap + one dy vector per channel
+        return (h * w * c + h * w + c) * n_vec <= regs
+
+    co_t = best_factor(co, max(t for t in range(1, co + 1) if t == 1 or fits_g(1, 1, t)))
+    kw_t = max(t for t in range(1, kw + 1) if t == 1 or fits_g(1, t, co_t))
+    kh_t = max(t for t in range(1, kh + 1) if t == 1 or fits_g(t, kw_t, co_t))
+    return {1: kh_t, 2: kw_t, 3: co_t}
+
+
+def reduction_chunks(sch, block, target, tiles: dict[int, int]) -> int:
+    """How many chunks of the ``N*Ho`` rows to rfactor (1: none)."""
+    loops = sch.get_loops(block)
+    c1, kh, kw, co = (extent(sch, lp) for lp in loops[:4])
+    rows = extent(sch, loops[5]) * extent(sch, loops[6])
+    data = sum(_buffer_bytes(r) for r in sch.get(block).reads)
+    acc = _buffer_bytes(sch.get(block).writes[0])
+    need_cache = math.ceil(data / (target.l2_kib * 1024 / 2))
+    # tasks left when the taps become serial inside each chunk
+    tasks = math.ceil(c1 / tiles.get(0, 1)) * math.ceil(co / tiles.get(3, 1))
+    need_par = math.ceil(4 * target.cores / tasks)
+    # partial sums cost a write and a read of acc per chunk: keep that small next to the data
+    cap = max(1, data // (4 * acc))
+    chunks = min(max(need_cache, need_par), cap)
+    if tasks < 2 * target.cores:
+        chunks = max(chunks, need_par)
+    return max(1, min(chunks, rows))
+
+
+def schedule_acc(sch, block, target, grouped: bool) -> None:
+    tiles = dw_tiles(sch, block, target, grouped)
+    chunks = reduction_chunks(sch, block, target, tiles)
+    if chunks <= 1:
+        spatial, red = split_loops(sch, block)
+        register_tile(sch, block, target, spatial, red, tiles, par=[0, 1, 2, 3], serial=[])
+        return
+    spatial, (rn, rh, rw) = split_loops(sch, block)
+    rows = sch.fuse(rn, rh)
+    r_o, r_i = sch.split(rows, [chunks, None])
+    rf = sch.rfactor(r_o, factor_axis=0)
+    # rf block: spatial (chunk, C1, KH, KW, C, lane), reduction (rows of the chunk, Wo)
+    cx1, kh, kw, co, lane, chunk, *rf_red = sch.get_loops(rf)
+    rf_tiles = {i + 1: t for i, t in tiles.items()}
+    register_tile(sch, rf, target, [chunk, cx1, kh, kw, co, lane], rf_red, rf_tiles,
+                  par=[0, 1, 4], serial=[2, 3])
+    # the chunk sum: lane axis vectorised below the chunk loop
+    c1, kh, kw, co, lane, r = sch.get_loops(block)
+    sch.reorder(r, lane)
+    _, lanes = c0_vectors(target)
+    lane_i = sch.split(lane, [None, lanes])[-1]
+    sch.vectorize(lane_i)
+    sch.parallel(sch.fuse(c1, kh, kw))
+    sch.decompose_reduction(block, r)
+
+
+@schedules.register(TAG, "x86")
+def schedule_dw_x86(sch, workload) -> None:
+    target = workload.target
+    grouped = block_named(sch, "dw_dy_group") is not None
+    for acc in blocks_with_prefix(sch, "dw_acc"):
+        schedule_acc(sch, acc, target, grouped)
+    for name in ("dw_x_pad", "dw_dy_group", "dw_dy_cast", "dw"):
+        block = block_named(sch, name)
+        if block is not None:
+            elementwise(sch, block, target)

@@ -1,0 +1,215 @@
+"""x86 schedule of ``deconv_grad_filter``: a register-tiled, cache-blocked GEMM.
+
+Per group, ``dw[(oc, kh, kw), ic] = sum_{(b, ih, iw)} dy_pad[...] * x[b, ih, iw, ic]`` is a GEMM
+with M = OCg*KH*KW, N = ICg and K = B*in_h*in_w. The micro-kernel keeps a ``rows x vector``
+tile of fp32 accumulators in registers: each reduction step loads the vector operand once and
+broadcasts one scalar of the other per row (an outer product, as a BLAS micro-kernel does).
+The vector axis (:func:`plan`) is ``ic`` (contiguous in NHWC x), ``oc`` (contiguous in dy) or,
+for depthwise-like layers with ``ICg == 1``, ``g``; the accumulators are laid out with it
+innermost.
+
+Two shapes of loop nest:
+
+* many output tiles (the usual case): one pass over K in chunks of ``K_CHUNK`` steps; within a
+  chunk every ``(kh, kw)`` tile of a ``(g, ic, oc)`` block accumulates into ``dw_acc``, so the
+  chunk of x and dy is reused from L1/L2 instead of being streamed once per tile. The blocks
+  run across ``target.cores`` threads (one parallel launch per call).
+* few output tiles and a long K: the ``(b, ih)`` loop is split into ``P`` partial sums
+  (``rfactor``) computed in parallel into ``local`` accumulator tiles, then added.
+
+The choice between them, ``P`` and every tile size depend only on the shapes and the vector
+width, never on ``target.cores``: for a given shape each output element is summed in the same
+order whatever the number of cores, so results are bit-identical; only the ``parallel``
+annotations (none for one core) and the order of independent tiles differ.
+"""
+
+from __future__ import annotations
+
+import json
+
+from schedules import register
+
+TAG = "deconv_grad_filter"
+PARALLEL_ITEMS = 32  # outer work items wanted (shape-only, so results do not depend on cores)
+MIN_CHUNK = 2048  # reduction steps (K / P) below which splitting K does not pay
+K_CHUNK = 256  # reduction steps per cache block of the one-pass GEMM
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in _divisors(n) if d <= max(1, limit))
+
+
+def vector_width(extent: int, lanes: int) -> int:
+    """Elements per vectorised step: the whole axis when it fits two vectors, else the
+    divisor of ``extent`` (no tail, no predicate) that wastes the fewest lanes."""
+    if extent <= 2 * lanes:
+        return extent
+    cands = [d for d in _divisors(extent) if d <= 2 * lanes]
+    return max(cands, key=lambda d: (d / (-(-d // lanes) * lanes), d))
+
+
+AXES = ("g", "oc", "kw", "ic")  # the dw axes a tile splits (kh stays whole, outer)
+ROWS = {"ic": ("oc", "kw"), "oc": ("ic", "kw"), "g": ("oc", "kw")}
+
+
+def plan(p: dict, lanes: int, vector_regs: int) -> dict:
+    """Tile sizes for a geometry (``p``: the op's JSON parameters); a pure function of the
+    shapes and the vector width.
+
+    The vector axis is the one whose width fills vector registers best: ``ic`` (contiguous in
+    x, dy broadcast), ``oc`` (contiguous in dy, x broadcast) or, when ``ICg == 1``, ``g``
+    (both contiguous along ``g`` for depthwise). Two more axes make the rows of the register
+    tile.
+    """
+    group, in_c, out_c = p["group"], p["in_c"], p["out_c"]
+    ext = {"g": group, "oc": out_c // group, "kw": p["kernel_w"], "ic": in_c // group}
+    cands = ("ic", "oc", "g") if ext["ic"] == 1 and group > 1 else ("ic", "oc")
+
+    def lanes_used(axis):
+        v = vector_width(ext[axis], lanes)
+        return v / -(-v // lanes)
+
+    mode = max(cands, key=lambda a: (lanes_used(a), -cands.index(a)))
+    v = vector_width(ext[mode], lanes)
+    rows = max(1, (vector_regs - 8) // -(-v // lanes))  # accumulators; the rest hold loads
+    inner = {a: 1 for a in AXES}
+    inner[mode] = v
+    r1, r2 = ROWS[mode]
+    inner[r1] = _largest_divisor(ext[r1], rows)
+    inner[r2] = _largest_divisor(ext[r2], rows // inner[r1])
+    outer = p["kernel_h"]
+    for a in AXES:
+        outer *= ext[a] // inner[a]
+    f_ext = p["batch"] * p["in_h"]
+    k_total = f_ext * p["in_w"]
+    parts = 1
+    if outer < PARALLEL_ITEMS:
+        for d in _divisors(f_ext):
+            if k_total // d < MIN_CHUNK:
+                break
+            parts = d
+            if outer * d >= PARALLEL_ITEMS:
+                break
+    return {"mode": mode, "inner": inner, "rows": (r1, r2), "parts": parts, "outer": outer}
+
+
+def _parallel(sch, loops, cores: int) -> None:
+    """Fuse ``loops`` (outermost first) and run them across cores (nothing for one core)."""
+    if cores <= 1 or not loops:
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if int(sch.get(fused).extent) > 1:
+        sch.parallel(fused)
+
+
+def _elementwise(sch, block, lanes: int, cores: int) -> None:
+    """Vectorise the innermost axis (split by ``lanes`` when long) and parallelise the rest."""
+    loops = sch.get_loops(block)
+    ext = int(sch.get(loops[-1]).extent)
+    if ext > 1:
+        if ext > 4 * lanes and ext % lanes == 0:
+            _, inner = sch.split(loops[-1], [None, lanes])
+            sch.vectorize(inner)
+        elif ext <= 4 * lanes:
+            sch.vectorize(loops[-1])
+    loops = sch.get_loops(block)
+    if len(loops) > 1:
+        _parallel(sch, loops[:min(2, len(loops) - 1)], cores)
+
+
+@register(TAG, "x86")
+def schedule_deconv_grad_filter(sch, workload) -> None:
+    tgt = workload.target
+    lanes = tgt.lanes("float32")  # fp16 inputs are widened: the arithmetic is fp32
+    regs = 32 if tgt.vector_bits >= 512 else 16
+    p = json.loads(workload.attrs["dsl_params"])
+    cfg = plan(p, lanes, regs)
+    cores = tgt.cores
+    blocks = workload.blocks
+    pad = sch.get_sblock(blocks[f"{TAG}.dy_pad"])
+    acc = sch.get_sblock(blocks[f"{TAG}.acc"])
+    out = sch.get_sblock(blocks[TAG])
+
+    g, oc, kh, kw, ic, b, ih, iw = sch.get_loops(acc)
+    split = {}
+    for name, loop in zip(AXES, (g, oc, kw, ic)):
+        in_tile = name == cfg["mode"] or name in cfg["rows"]
+        split[name] = sch.split(loop, [None, cfg["inner"][name]]) if in_tile else (loop, None)
+    outer = [split["g"][0], split["oc"][0], kh, split["kw"][0], split["ic"][0]]
+    r1, r2 = (split[a][1] for a in cfg["rows"])
+    vec = split[cfg["mode"]][1]
+    f = sch.fuse(b, ih)
+    if cfg["parts"] == 1:
+        _blocked(sch, acc, cfg, p, outer, f, iw, (r1, r2, vec), cores)
+    else:
+        _split_k(sch, acc, cfg, outer, f, iw, (r1, r2, vec), cores)
+    _elementwise(sch, out, lanes, cores)
+    _elementwise(sch, pad, lanes, cores)
+
+
+def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
+    """One pass over K in chunks of about ``K_CHUNK`` steps: for each chunk, every register
+    tile of a ``(g, ic, oc)`` block accumulates into ``dw_acc`` (kept in registers across the
+    chunk), so the chunk of x and dy stays in L1/L2 while all ``(kh, kw)`` tiles reuse it."""
+    r1, r2, vec = tile
+    g_o, oc_o, kh, kw_o, ic_o = outer
+    rows = _largest_divisor(p["batch"] * p["in_h"], max(1, K_CHUNK // p["in_w"]))
+    f_o, f_i = sch.split(f, [None, rows])
+    par = [g_o, ic_o, oc_o]
+    if _extent(sch, par) < 2 * cores:  # too few blocks: share each chunk's tiles instead
+        sch.reorder(g_o, ic_o, f_o, oc_o, kh, kw_o, f_i, iw, r1, r2, vec)
+        par = [oc_o, kh, kw_o]
+    else:
+        sch.reorder(g_o, ic_o, oc_o, f_o, kh, kw_o, f_i, iw, r1, r2, vec)
+    if cfg["mode"] != "ic":  # the vector axis innermost in dw_acc
+        pos = ("g", "oc").index(cfg["mode"])
+        sch.transform_layout(acc, ("write", 0), lambda *i: (*i[:pos], *i[pos + 1:], i[pos]))
+    sch.vectorize(vec)
+    sch.unroll(r2)
+    sch.unroll(r1)
+    _parallel(sch, par, cores)
+    init = sch.decompose_reduction(acc, f_o)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _extent(sch, loops) -> int:
+    n = 1
+    for loop in loops:
+        n *= int(sch.get(loop).extent)
+    return n
+
+
+def _split_k(sch, acc, cfg, outer, f, iw, tile, cores) -> None:
+    """Few output tiles, long K: ``parts`` partial sums (rfactor) run in parallel, each tile's
+    accumulators in a ``local`` buffer, then the partials are added."""
+    r1, r2, vec = tile
+    f_o, f = sch.split(f, [cfg["parts"], None])
+    sch.reorder(f_o, *outer, f, iw, r1, r2, vec)
+    gemm = sch.rfactor(f_o, factor_axis=0)
+    loops = sch.get_loops(gemm)
+    outer = loops[:6]
+    f, iw, r1, r2, vec = loops[6:]
+
+    # accumulators in a local tile (registers once unrolled / vectorised)
+    tile = sch.cache_write(gemm, 0, "local")
+    if cfg["mode"] != "ic":  # the vector axis innermost in the accumulator tile
+        pos = 1 + ("g", "oc").index(cfg["mode"])  # dims: part, g, oc, kh, kw, ic
+        sch.transform_layout(gemm, ("write", 0),
+                             lambda *i: (*i[:pos], *i[pos + 1:], i[pos]))
+    sch.reverse_compute_at(tile, outer[-1], preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(tile)[-1])
+    sch.vectorize(vec)
+    sch.unroll(r2)
+    sch.unroll(r1)
+    _parallel(sch, outer, cores)
+    init = sch.decompose_reduction(gemm, f)
+    sch.vectorize(sch.get_loops(init)[-1])
+
+    # the sum of the partials into acc: partial loop innermost
+    part, *spatial = sch.get_loops(acc)
+    sch.reorder(*spatial, part)
+    _parallel(sch, spatial[:2], cores)

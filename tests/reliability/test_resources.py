@@ -1,0 +1,52 @@
+"""Resource use: many distinct kernels in one process, and one kernel run many times.
+
+Measured in a fresh child process (``rel_memory.py``) so the numbers are not disturbed by the
+rest of the suite. CI builds 30 kernels per mode; ``RELIABILITY_FULL=1`` builds the 200 of the
+issue. The 10,000 runs are the same in both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rel_strategies import FULL
+
+ROOT = Path(__file__).resolve().parents[2]
+KERNELS = 200 if FULL else 30
+RUNS = 10_000
+# RSS growth allowed after warm-up: the allocator and TVM's global bookkeeping wobble by a few
+# MiB; a kernel whose library stayed mapped would add its pages and dlopen state every time.
+GROWTH_MIB = 8 + KERNELS * 64 / 1024
+RUN_GROWTH_MIB = 1.0
+CACHE_MAX = 16  # the child's DSL_KERNEL_CACHE_MAX: eviction must release libraries
+
+
+def _measure(mode: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DSL_KERNEL_CACHE_MAX": str(CACHE_MAX)}
+    out = subprocess.run([sys.executable, str(Path(__file__).with_name("rel_memory.py")),
+                          str(KERNELS), str(RUNS), mode], env=env, capture_output=True,
+                         text=True, timeout=1800, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["direct", "cache"])
+def test_memory_stays_bounded(mode):
+    m = _measure(mode)
+    rss = m["build_rss"]
+    warm = KERNELS // 3  # TVM and LLVM fill their caches on the first builds
+    early, late = statistics.median(rss[warm:warm + 5]), statistics.median(rss[-5:])
+    run_growth = m["run_rss"][-1] - m["run_rss"][0]
+    print(f"\n{mode}: {KERNELS} kernels, RSS {rss[0]:.1f} -> {early:.1f} -> {late:.1f} MiB "
+          f"(max {max(rss):.1f}), libraries still mapped: {m['mapped_libraries']}; {RUNS} runs: "
+          f"RSS {m['run_rss'][0]:.1f} -> {m['run_rss'][-1]:.1f} MiB")
+    # dropped kernels are unloaded; the cache keeps at most its bound
+    assert m["mapped_libraries"] <= (0 if mode == "direct" else CACHE_MAX)
+    assert late - early <= GROWTH_MIB
+    assert run_growth <= RUN_GROWTH_MIB
