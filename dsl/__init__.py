@@ -15,6 +15,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+import os as _os  # noqa: E402
+
+import targets as _targets  # noqa: E402
+
+# TVM sizes its thread pool once, from TVM_NUM_THREADS, when a kernel first runs; unset, it
+# assumes SMT and takes half the logical CPUs, which on this kind of machine is one core of two.
+_os.environ.setdefault("TVM_NUM_THREADS", str(_targets.machine_cores()))
+
 from dsl.avg_pool2d_backward import avg_pool2d_backward  # noqa: E402
 from dsl.build import build  # noqa: E402
 from dsl.conv2d_backprop_filter import conv2d_backprop_filter  # noqa: E402

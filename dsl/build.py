@@ -177,6 +177,25 @@ def _prepare_meta_dir(meta_dir: Path, name: str) -> None:
                    f"cannot hold kernel_meta/: {exc}") from None
 
 
+MIN_FREE_BYTES = 64 << 20  # a kernel is well under 1 MiB; its objects and the link need more
+
+
+def _check_free_space(meta_dir: Path) -> None:
+    """Refuse to compile onto a (nearly) full disk: LLVM does not report a failed write, it
+    aborts the whole process ("LLVM ERROR: IO failure on output stream")."""
+    import shutil
+
+    for where in (meta_dir, Path(tempfile.gettempdir())):  # export_library links in $TMPDIR
+        try:
+            free = shutil.disk_usage(where).free
+        except OSError:
+            continue
+        if free < MIN_FREE_BYTES:
+            raise fail(E_FILE, "config['kernel_meta_parent_dir']", str(where),
+                       f"has {free} bytes free; building needs {MIN_FREE_BYTES} (LLVM aborts "
+                       "the process when a write fails); free some space")
+
+
 def _tensor_entries(sch: Schedule, tensors) -> list[dict]:
     formats = sch.op_info()["formats"]
     out = []
@@ -189,6 +208,8 @@ def _tensor_entries(sch: Schedule, tensors) -> list[dict]:
 
 def _existing_matches(meta_dir: Path, name: str, key: str) -> dict | None:
     so, js = meta_dir / f"{name}.so", meta_dir / f"{name}.json"
+    if not js.is_file():  # a FIFO or a device planted there would block or never end
+        return None
     try:
         meta = json.loads(js.read_text())
         if meta.get("cache_key") == key and so.is_file() and sha256_file(so) == meta["sha256"]:
@@ -236,6 +257,7 @@ def build(sch: Schedule, config: dict) -> dict | object:
     reused = _existing_matches(meta_dir, name, key)
     if reused is not None:
         return reused  # a published tuned kernel was verified when it was first built
+    _check_free_space(meta_dir)
 
     import tvm
 
@@ -277,6 +299,10 @@ def build(sch: Schedule, config: dict) -> dict | object:
             f.flush()
             os.fsync(f.fileno())
         with _lock(meta_dir / f".{name}.lock"):
+            # the old .json goes first: a build killed between the renames then leaves a .so
+            # without .json ("not built"), never a new .so beside the old .json
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(js_path)
             os.replace(tmp_so, so_path)
             tmp_so = None
             os.replace(tmp_js, js_path)

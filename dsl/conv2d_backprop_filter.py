@@ -18,9 +18,11 @@ result : 4-D group FracZ ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)`` of ``res_dtype`` (
 
 Stages (schedules find them by tag)
 -----------------------------------
-``conv2d_backprop_filter.x_pad``  x zero-padded to every ``o*stride + k*dilation``, fp32
-    (5HD; NCHW ``[N, Cin, Hp, Wp]`` when Cout is the lane axis, see ``acc``).
-``conv2d_backprop_filter.dy_cast``  (groups == 1, float16 inputs) dy converted to fp32 once.
+``conv2d_backprop_filter.x_pad``  x zero-padded to every ``o*stride + k*dilation``, fp32:
+    5HD (absent when x is fp32 and needs no padding: the reduction reads x in place), or
+    NCHW ``[N, Cin, Hp, Wp]`` when Cout is the lane axis (see ``acc``).
+``conv2d_backprop_filter.dy_cast``  (float16 inputs, unless depthwise) dy converted to fp32
+    once.
 ``conv2d_backprop_filter.dy_group``  (groups > 1 only) dy regathered per x lane,
     ``[N, C1x, Ho, Wo, Cout_g, 16]`` fp32: lane ``cx0`` of block ``cx1`` holds its group's dy
     channel ``co``, so the reduction reads whole vectors.
@@ -133,6 +135,9 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
 
         xq = te.compute((n, cin, ah.x_padded_size, aw.x_padded_size), xq_body,
                         name="dw_x_pad", tag=f"{TAG}.x_pad")
+    elif (dtype == ACC_DTYPE and ah.pad_before == aw.pad_before == 0
+          and (ah.x_padded_size, aw.x_padded_size) == (h, w)):
+        xp = input_x  # nothing to pad or convert (a 1x1 layer): no copy
     else:
         xp = pad_cast_5hd_compute(input_x, (ah.pad_before, aw.pad_before),
                                   (ah.x_padded_size, aw.x_padded_size), ACC_DTYPE,
@@ -143,8 +148,9 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
     rw = te.reduce_axis((0, aw.n_out), name="wo")
 
     dy32 = out_backprop
-    if lay.dense and dtype != ACC_DTYPE:
-        # converted once, not once per broadcast in the reduction
+    if dtype != ACC_DTYPE and (lay.dense or lay.cin_g * lay.cout_g > 1):
+        # converted once, not once per broadcast in the reduction (dense) or per lane of the
+        # regather (grouped: 16-bit lanes have no vector gather)
         dy32 = te.compute(dy_shape, lambda *i: out_backprop[i].astype(ACC_DTYPE),
                           name="dw_dy_cast", tag=f"{TAG}.dy_cast")
     if lay.dense:
@@ -155,7 +161,7 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
             c = cx1 * C0 + cx0
             g, _ = lay.group_of_input_channel(c if cin % C0 == 0 else te.min(c, cin - 1))
             dyc = g * lay.cout_g + co
-            return out_backprop[b, dyc // C0, ho, wo, dyc % C0].astype(ACC_DTYPE)
+            return dy32[b, dyc // C0, ho, wo, dyc % C0].astype(ACC_DTYPE)
 
         # dy regathered per x lane (lane cx0 of block cx1 sees its group's channel co at
         # [..., co, cx0]) so the reduction multiplies whole vectors instead of gathering

@@ -24,17 +24,19 @@ phase reads only the taps that hit it, at dy rows affine in ``q`` (no zero-inser
 multiplication by zero taps), so strided dx does exactly the forward's multiply-adds.
 
 ``conv2d_backprop_input.dy_pad``  dy zero-padded so every listed tap reads in bounds, fp32:
-    5HD ``[N, C1y, Hp, Wp, 16]`` when groups == 1; grouped layers regather it per dx lane as
+    5HD ``[N, C1y, Hp, Wp, 16]`` when groups == 1 (absent when dy is fp32 and needs no padding:
+    the reduction reads dy in place); grouped layers regather it per dx lane as
     ``[N, C1x, Hp, Wp, Cout_g, 16]`` (lane ``cx0`` of block ``cx1`` holds its group's dy
     channel ``co``) so the reduction reads whole vectors.
+``conv2d_backprop_input.dy_cast``  (grouped with Cin_g*Cout_g > 1, float16 inputs) dy in fp32
+    first: the regather moves single lanes, and 16-bit lanes have no vector gather.
 ``conv2d_backprop_input.weight``  weight repacked ``[C1x, KH, KW, CO, 16]`` (Cin lanes last;
     CO = padded Cout for groups == 1, else Cout_g), zero for pad channels, fp32.
 ``conv2d_backprop_input.acc``     one fp32 reduction per phase with taps, ``[N, C1x, Hq, Wq, 16]``,
     named ``dx_acc`` (stride 1) or ``dx_acc_<ph>_<pw>``; phases no tap reaches have none.
-    For a dense layer whose Cin pads worse to 16 than its Cout (an RGB stem) the lanes are
-    Cout instead: ``dx_acc_t*`` ``[N, Cin, Hq, Wq, 16]`` holds per-lane partial sums (the
-    weight stage is then ``[Cin, KH, KW, C1y, 16]``), and
-``conv2d_backprop_input.lane_sum``  ``dx_sum*`` ``[N, Cin, Hq, Wq]`` adds those 16 lanes up.
+    For a dense layer whose Cin pads worse to 16 than its Cout (an RGB stem) the vector runs
+    along W instead: ``dx_acc_w*`` ``[N, Cin, Hq, Wq']`` (``Wq`` rounded up to 16), reading
+    dy_pad as ``[N, Cout, Hp, Wp]`` and the weight stage as ``[Cin, KH, KW, Cout]``.
 ``conv2d_backprop_input``         the phases interleaved, pad channels zeroed, cast to
     ``res_dtype``.
 """
@@ -170,16 +172,44 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
         c = cx1 * C0 + cx0
         return lay.group_of_input_channel(c if cin % C0 == 0 else te.min(c, cin - 1))
 
-    if lay.dense:
+    # few input channels (an RGB stem): Cin in the lanes would be mostly padding, so the
+    # lanes run along W instead: dy and the weight go to NCHW-like layouts, dx positions are
+    # the vector, the weight is broadcast per (ci, tap, co)
+    positions = lay.dense and c1y * C0 * cin < c1x * C0 * cout
+    if positions:
+        # each phase computes a whole number of 16-wide rows (the extra columns read dy's
+        # zero padding and are never picked), so no vector is ragged
+        size_w = max([size_w] + [ceil_div(count, C0) * C0 + c + pad_w
+                                 for count, _, taps, c in phases_w if taps])
+
+        def dyt_body(b, co, hp, wp):
+            src_h, src_w = hp - pad_h, wp - pad_w
+            val = out_backprop[b, co // C0, te.max(te.min(src_h, ah.n_out - 1), 0),
+                               te.max(te.min(src_w, aw.n_out - 1), 0), co % C0]
+            ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
+            return te.if_then_else(ok, val.astype(ACC_DTYPE), tvm.tirx.const(0, ACC_DTYPE))
+
+        dyp = te.compute((n, cout, size_h, size_w), dyt_body, name="dx_dy_pad",
+                         tag=f"{TAG}.dy_pad")
+    elif lay.dense and dtype == ACC_DTYPE and pad_h == pad_w == 0 and \
+            (size_h, size_w) == (ah.n_out, aw.n_out):
+        dyp = out_backprop  # nothing to pad or convert (a 1x1 layer): no copy
+    elif lay.dense:
         dyp = pad_cast_5hd_compute(out_backprop, (pad_h, pad_w), (size_h, size_w), ACC_DTYPE,
                                    name="dx_dy_pad", tag=f"{TAG}.dy_pad")
     else:
+        dy32 = out_backprop
+        if dtype != ACC_DTYPE and lay.cin_g * lay.cout_g > 1:
+            # the regather below moves single lanes, and 16-bit lanes have no vector gather
+            dy32 = te.compute(dy_shape, lambda *i: out_backprop[i].astype(ACC_DTYPE),
+                              name="dx_dy_cast", tag=f"{TAG}.dy_cast")
+
         def dyg_body(b, cx1, hp, wp, co, cx0):
             g, _ = channel(cx1, cx0)
             dyc = g * lay.cout_g + co
             src_h, src_w = hp - pad_h, wp - pad_w
-            val = out_backprop[b, dyc // C0, te.max(te.min(src_h, ah.n_out - 1), 0),
-                               te.max(te.min(src_w, aw.n_out - 1), 0), dyc % C0]
+            val = dy32[b, dyc // C0, te.max(te.min(src_h, ah.n_out - 1), 0),
+                       te.max(te.min(src_w, aw.n_out - 1), 0), dyc % C0]
             ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
             return te.if_then_else(ok, val.astype(ACC_DTYPE), tvm.tirx.const(0, ACC_DTYPE))
 
@@ -202,18 +232,12 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
             return val
         return te.if_then_else(tvm.tirx.all(*conds), val, tvm.tirx.const(0, ACC_DTYPE))
 
-    # few input channels (an RGB stem): vectorise over Cout instead, the reduction's own
-    # lane axis, and add the 16 lanes up at the end, so Cin's padded lanes cost nothing
-    cout_lanes = lay.dense and c1y * C0 * cin < c1x * C0 * cout
-    if cout_lanes:
-        def weight_t_body(ci, k_h, k_w, cy1, cy0):
+    if positions:
+        def weight_p_body(ci, k_h, k_w, co):
             row, lane = lay.fracz_row_lane(0, ci, k_h, k_w)
-            val = filters[row, cy1, cy0, lane].astype(ACC_DTYPE)
-            if cout % C0 == 0:
-                return val
-            return te.if_then_else(cy1 * C0 + cy0 < cout, val, tvm.tirx.const(0, ACC_DTYPE))
+            return filters[row, co // C0, co % C0, lane].astype(ACC_DTYPE)
 
-        wt = te.compute((cin, kh, kw, c1y, C0), weight_t_body, name="dx_weight",
+        wt = te.compute((cin, kh, kw, cout), weight_p_body, name="dx_weight",
                         tag=f"{TAG}.weight")
     else:
         wt = te.compute((c1x, kh, kw, co_ext, C0), weight_body, name="dx_weight",
@@ -247,24 +271,20 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
             return te.sum(dyv * wv, axis=red)
 
         suffix = "" if len(phases_h) * len(phases_w) == 1 else f"_{ph}_{pw}"
-        if not cout_lanes:
+        if not positions:
             return te.compute((n, c1x, nq_h, nq_w, C0), body, name=f"dx_acc{suffix}",
                               tag=f"{TAG}.acc")
-        rco1 = te.reduce_axis((0, c1y), name="co1")
+        rco = te.reduce_axis((0, cout), name="co")
 
-        def body_t(b, ci, qh, qw, cy0):
+        def body_p(b, ci, qh, qw):
             row_h = qh + (c_h + pad_h) - jh * dr_h
             row_w = qw + (c_w + pad_w) - jw * dr_w
-            return te.sum(dyp[b, rco1, row_h, row_w, cy0]
-                          * wt[ci, k0_h + jh * st_h, k0_w + jw * st_w, rco1, cy0],
-                          axis=[rco1, jh, jw])
+            return te.sum(dyp[b, rco, row_h, row_w]
+                          * wt[ci, k0_h + jh * st_h, k0_w + jw * st_w, rco],
+                          axis=[rco, jh, jw])
 
-        part = te.compute((n, cin, nq_h, nq_w, C0), body_t, name=f"dx_acc_t{suffix}",
-                          tag=f"{TAG}.acc")
-        lane = te.reduce_axis((0, C0), name="lane")
-        return te.compute((n, cin, nq_h, nq_w),
-                          lambda b, ci, qh, qw: te.sum(part[b, ci, qh, qw, lane], axis=[lane]),
-                          name=f"dx_sum{suffix}", tag=f"{TAG}.lane_sum")
+        return te.compute((n, cin, nq_h, ceil_div(nq_w, C0) * C0), body_p,
+                          name=f"dx_acc_w{suffix}", tag=f"{TAG}.acc")
 
     accs = {(ph, pw): phase_acc(ph, pw) for ph in range(len(phases_h))
             for pw in range(len(phases_w)) if phases_h[ph][2] and phases_w[pw][2]}
@@ -283,7 +303,7 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
             # clamped: a vectorised select may evaluate both arms
             qh = te.min(i // sh, phases_h[ph][0] - 1) if sh > 1 else i
             qw = te.min(j // sw, phases_w[pw][0] - 1) if sw > 1 else j
-            if cout_lanes:
+            if positions:
                 pick = acc[b, te.min(cx1 * C0 + cx0, cin - 1), qh, qw]
             else:
                 pick = acc[b, cx1, qh, qw, cx0]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 import targets
-from dsl.errors import E_FILE, E_SHAPE, E_TYPE, E_VALUE, fail
+from dsl.errors import E_FILE, E_SHAPE, E_TYPE, E_VALUE, DslError, fail
 from dsl.para_dict import check_kernel_name
 
 
@@ -132,9 +132,21 @@ def load(name: str, kernel_meta_parent_dir: str | os.PathLike | None = None) -> 
     so, js = parent / "kernel_meta" / f"{name}.so", parent / "kernel_meta" / f"{name}.json"
     # build renames .so then .json under an exclusive flock of this file; sharing it here means
     # a load never pairs one build's .so with another's .json, nor dlopens a .so swapped after
-    # it was hashed
-    with _shared_lock(so.parent / f".{name}.lock"):
-        return _load_files(name, so, js)
+    # it was hashed. Before the first build there is no lock file: if one appears while we read
+    # unlocked, a build published meanwhile, so read again under its lock.
+    lock = so.parent / f".{name}.lock"
+    for _ in range(2):
+        existed = os.path.lexists(lock)
+        try:
+            with _shared_lock(lock):
+                kernel = _load_files(name, so, js)
+        except DslError:
+            if existed or not os.path.lexists(lock):
+                raise
+            continue
+        if existed or not os.path.lexists(lock):
+            break
+    return kernel
 
 
 @contextlib.contextmanager

@@ -18,6 +18,8 @@ import math
 
 import schedules
 from schedules.conv2d_backprop_input import (
+    C0,
+    PARALLEL_MIN_ELEMS,
     best_factor,
     block_named,
     blocks_with_prefix,
@@ -108,7 +110,8 @@ def schedule_acc(sch, block, target, grouped: bool) -> None:
     _, lanes = c0_vectors(target)
     lane_i = sch.split(lane, [None, lanes])[-1]
     sch.vectorize(lane_i)
-    sch.parallel(sch.fuse(c1, kh, kw))
+    if math.prod(extent(sch, lp) for lp in (c1, kh, kw, co)) * C0 >= PARALLEL_MIN_ELEMS:
+        sch.parallel(sch.fuse(c1, kh, kw))
     sch.decompose_reduction(block, r)
 
 

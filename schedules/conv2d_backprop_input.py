@@ -1,12 +1,15 @@
 """x86 schedule of ``conv2d_backprop_input`` (dx), and the register-tiling helpers dw shares.
 
-Each phase reduction ``dx_acc*`` ``[N, C1x, Hq, Wq, 16]`` is a direct convolution in the
-NCHWc style: the 16-wide C0 axis is the vector lane (one AVX-512 fp32 register, two AVX2, four
-SSE), a tile of ``C1x`` blocks x ``Wq`` positions stays in registers while the whole reduction
-runs (``cache_write`` into a local buffer that LLVM promotes once the tile is unrolled), dy is
-broadcast from the padded copy made once (or, grouped, loaded as the per-lane regathered
-vector), and the rows ``(N, C1x tiles, Hq)`` run across cores. The tile is sized from the
-target's register file, so no target is named here.
+The compute already splits a strided dx by output phase (one ``dx_acc*`` block per phase, taps
+that hit only), so every block here is a plain direct convolution ``[N, C1x, Hq, Wq, 16]`` in
+the NCHWc style: the 16-wide C0 axis is the vector lane (one AVX-512 fp32 register, two AVX2,
+four SSE); a tile of ``C1x`` blocks x ``Wq`` positions stays in registers for the whole
+reduction (``cache_write`` into a local buffer that LLVM promotes once the tile is unrolled);
+dy is broadcast from the padded copy made once; the rows ``(N, C1x tiles, Hq)`` run across
+cores. Grouped layers load dy as regathered vectors instead, one C1x block per tile, with the
+KW taps unrolled beside the positions so a dy vector feeds every tap that reads it. Layers with
+few input channels (``dx_acc_w*``) vectorise W positions instead and broadcast the weight.
+Tile sizes come from the target's register file; no target is named here.
 """
 
 from __future__ import annotations
@@ -53,16 +56,25 @@ def blocks_with_prefix(sch, prefix: str) -> list:
             if sch.get(b).name_hint.startswith(prefix)]
 
 
+# Below this many elements a copy stage runs on one core: waking the pool costs more than it
+# saves, and on a shared machine every fork-join waits for the slowest core.
+PARALLEL_MIN_ELEMS = 1 << 15
+
+
 def elementwise(sch, block, target, outer: int = 3) -> None:
     """Parallel outer loops and a vectorised 16-wide lane axis for a data-parallel stage."""
     loops = sch.get_loops(block)
+    elems = 1
+    for lp in loops:
+        elems *= extent(sch, lp)
     if len(loops) >= 2 and extent(sch, loops[-1]) == C0:
         _, lanes = c0_vectors(target)
         inner = sch.split(loops[-1], [None, lanes])
         sch.vectorize(inner[-1])
     else:
         vectorize_inner(sch, block)
-    parallel_outer(sch, block, max_fuse=outer)
+    if elems >= PARALLEL_MIN_ELEMS and target.cores > 1:
+        parallel_outer(sch, block, max_fuse=outer)
 
 
 def split_loops(sch, block) -> tuple[list, list]:
@@ -110,20 +122,49 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
     if extent(sch, last) > lanes and extent(sch, last) % lanes == 0:
         last = sch.split(last, [None, lanes])[-1]
     sch.vectorize(last)
-    return wb
+    return wb, anchor
 
 
-def dx_acc_tiles(sch, block, target, cout_lanes: bool) -> None:
-    """Register tile of one dx phase: C1x blocks (or Cin channels) x Wq positions x lanes."""
+def dx_positions_tile(sch, block, target) -> None:
+    """Register tile of ``dx_acc_w`` ``[N, Cin, Hq, Wq]`` (few input channels): every input
+    channel x a few vectors of W positions; dy rows load as (unaligned) vectors, the weight
+    is broadcast per (channel, tap, output channel)."""
+    b, ci, qh, qw, *red = sch.get_loops(block)
+    lanes = target.lanes("float32")
+    regs = vector_registers(target)
+    cin, nqw = extent(sch, ci), extent(sch, qw)
+    ci_t = max(c for c in range(1, min(cin, 4) + 1) if cin % c == 0)
+    # accumulators + the dy vectors of the tile + one broadcast weight per channel
+    n_vec = max(v for v in range(1, regs) if v == 1 or ci_t * v + v + ci_t <= regs)
+    vw = lanes * best_factor(-(-nqw // lanes), n_vec) if nqw > lanes else nqw
+    qw_o, qw_i = sch.split(qw, [None, vw])
+    ci_o, ci_i = sch.split(ci, [None, ci_t])
+    sch.reorder(b, qh, ci_o, qw_o, *red, ci_i, qw_i)
+    sch.parallel(sch.fuse(b, qh, ci_o))
+    wb = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(wb, qw_o, preserve_unit_loops=True)
+    sch.unroll(ci_i)
+    if vw > lanes:
+        qw_v, qw_l = sch.split(qw_i, [None, lanes])
+        sch.unroll(qw_v)
+        sch.vectorize(qw_l)
+    else:
+        sch.vectorize(qw_i)
+    sch.decompose_reduction(block, red[0])
+    last = sch.get_loops(wb)[-1]
+    if extent(sch, last) > lanes:
+        last = sch.split(last, [None, lanes])[-1]
+    sch.vectorize(last)
+
+
+def dx_acc_tiles(sch, block, target):
+    """Register tile of one dx phase: C1x blocks x Wq positions x the lane axis."""
     loops = sch.get_loops(block)
     c1x, wq = extent(sch, loops[1]), extent(sch, loops[3])
     n_vec, _ = c0_vectors(target)
     regs = vector_registers(target)
 
     def fits(c, t):
-        if cout_lanes:
-            # accumulators + a weight vector per channel + the dy vector in flight
-            return (c * t + c + 1) * n_vec <= regs
         if per_lane:
             # accumulators + every dy vector of the tile's row of taps + a weight per tap
             taps = extent(sch, red[1])
@@ -132,11 +173,8 @@ def dx_acc_tiles(sch, block, target, cout_lanes: bool) -> None:
         return c * t * n_vec + t + c * n_vec <= regs
 
     spatial, red = split_loops(sch, block)
-    per_lane = not cout_lanes and len(red) == 3  # grouped: [jh, jw, co], dy loaded as vectors
-    if cout_lanes:
-        cx1_t = max(c for c in range(1, min(c1x, 4) + 1)
-                    if c == 1 or (c1x % c == 0 and fits(c, 4)))
-    elif per_lane:
+    per_lane = len(red) == 3  # grouped: [jh, jw, co], dy loaded as vectors
+    if per_lane:
         # dy and weight vectors both belong to one C1x block: a wider block tile reuses
         # nothing, so the tile is all positions, and with the KW taps unrolled next to it
         # each dy vector loaded serves every tap that reads it
@@ -144,18 +182,19 @@ def dx_acc_tiles(sch, block, target, cout_lanes: bool) -> None:
     else:
         cx1_t = 2 if c1x % 2 == 0 and fits(2, 4) else 1
     tw = best_factor(wq, max(t for t in range(1, regs) if t == 1 or fits(cx1_t, t)))
-    register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw}, par=[0, 1, 2],
-                  serial=[3], red_inner=(red[1],) if per_lane else ())
+    return register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw}, par=[0, 1, 2],
+                         serial=[3], red_inner=(red[1],) if per_lane else ())
 
 
 @schedules.register(TAG, "x86")
 def schedule_dx_x86(sch, workload) -> None:
     target = workload.target
     for acc in blocks_with_prefix(sch, "dx_acc"):
-        dx_acc_tiles(sch, acc, target, sch.get(acc).name_hint.startswith("dx_acc_t"))
-    for lane_sum in blocks_with_prefix(sch, "dx_sum"):
-        parallel_outer(sch, lane_sum, max_fuse=3)
-    for name in ("dx_dy_pad", "dx_weight", "dx"):
+        if sch.get(acc).name_hint.startswith("dx_acc_w"):
+            dx_positions_tile(sch, acc, target)
+        else:
+            dx_acc_tiles(sch, acc, target)
+    for name in ("dx_dy_cast", "dx_dy_pad", "dx_weight", "dx"):
         block = block_named(sch, name)
         if block is not None:
             elementwise(sch, block, target)

@@ -2,7 +2,8 @@
 
 A workload module (``dsl/bench/conv2d.py``, ``pool.py``, ...) calls :func:`register` for each
 workload. ``setup()`` builds our kernel(s) and prepares data and returns a :class:`Prepared`
-whose ``ours`` / ``peer`` run one iteration each (``peer`` is None when PyTorch is absent).
+whose ``ours`` / ``peer`` run one iteration each (``peer`` is None when PyTorch is absent) and
+whose optional ``check`` compares our result with the peer's at the benchmark's full size.
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ class Prepared:
     peer: Callable[[], object] | None
     build_seconds: float
     info: dict = field(default_factory=dict)
+    # Optional: runs ours once and returns max |ours - expected| / max |expected| (expected:
+    # the peer's result); the runner fails the row above ``tolerance``, so a fast wrong kernel
+    # never reaches the table.
+    check: Callable[[], float] | None = None
+    tolerance: float = 1e-3
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,30 @@ class Workload:
     kind: str
     flops: float
     setup: Callable[[], Prepared]
+
+
+def rel_err(ours, expected) -> float:
+    """``max |ours - expected| / max |expected|``, the measure every ``Prepared.check`` uses."""
+    import numpy as np
+
+    ours, expected = np.asarray(ours, np.float64), np.asarray(expected, np.float64)
+    return float(np.abs(ours - expected).max() / max(np.abs(expected).max(), 1e-30))
+
+
+def tolerance(dtype: str) -> float:
+    """Check tolerance vs a float32 peer: fp32 sums of up to ~10^4 products agree to ~1e-5;
+    fp16 inputs are rounded (2^-11) before our fp32 accumulation, the peer's are not."""
+    return 1e-3 if dtype == "float32" else 1e-2
+
+
+def torch_peer(threads: int):
+    """PyTorch with ``threads`` intra-op threads, or None when it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    return torch
 
 
 WORKLOADS: list[Workload] = []

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsl.bench import Prepared, Workload, register
+from dsl.bench import Prepared, Workload, register, rel_err, tolerance, torch_peer
 
 SUITE = "conv2d"
 
@@ -84,15 +84,6 @@ def _build(outputs, inputs, name: str):
         return kernel.func, kernel.meta, seconds
 
 
-def _torch(threads: int):
-    try:
-        import torch
-    except ImportError:
-        return None
-    torch.set_num_threads(threads)
-    return torch
-
-
 def _peer_args(layer: Layer):
     return {"stride": layer.stride, "padding": layer.pad, "dilation": layer.dil,
             "groups": layer.groups}
@@ -105,7 +96,7 @@ def _setup_dx(layer: Layer, dtype: str) -> Prepared:
     import dsl
     import targets
     from dsl.group import GroupLayout
-    from dsl.layout import nchw_to_5hd, weight_to_fracz
+    from dsl.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
 
     tgt = targets.current()
     rng = np.random.default_rng(0)
@@ -125,8 +116,8 @@ def _setup_dx(layer: Layer, dtype: str) -> Prepared:
             tvm.runtime.tensor(nchw_to_5hd(dy).astype(dtype), dev),
             tvm.runtime.tensor(np.zeros([int(d) for d in dx_t.shape], "float32"), dev)]
 
-    torch = _torch(tgt.cores)
-    peer = None
+    torch = torch_peer(tgt.cores)
+    peer = check = None
     if torch is not None:
         tdy, tw = torch.from_numpy(dy), torch.from_numpy(w)
         size = (layer.n, layer.cin, layer.hw, layer.hw)
@@ -135,8 +126,13 @@ def _setup_dx(layer: Layer, dtype: str) -> Prepared:
         def peer():
             return torch.nn.grad.conv2d_input(size, tw, tdy, **kw)
 
+        def check():
+            func(*args)
+            return rel_err(nc1hwc0_to_nchw(args[-1].numpy(), layer.cin), peer().numpy())
+
     return Prepared(lambda: func(*args), peer, seconds,
-                    {"rule": meta["schedule"]["rule"], "target": tgt.name, "dtype": dtype})
+                    {"rule": meta["schedule"]["rule"], "target": tgt.name, "dtype": dtype},
+                    check=check, tolerance=tolerance(dtype))
 
 
 def _setup_dw(layer: Layer, dtype: str) -> Prepared:
@@ -146,7 +142,7 @@ def _setup_dw(layer: Layer, dtype: str) -> Prepared:
     import dsl
     import targets
     from dsl.group import GroupLayout
-    from dsl.layout import nchw_to_5hd
+    from dsl.layout import fracz_to_weight, nchw_to_5hd
 
     tgt = targets.current()
     rng = np.random.default_rng(0)
@@ -166,8 +162,8 @@ def _setup_dw(layer: Layer, dtype: str) -> Prepared:
             tvm.runtime.tensor(nchw_to_5hd(dy).astype(dtype), dev),
             tvm.runtime.tensor(np.zeros(fz_shape, "float32"), dev)]
 
-    torch = _torch(tgt.cores)
-    peer = None
+    torch = torch_peer(tgt.cores)
+    peer = check = None
     if torch is not None:
         tx, tdy = torch.from_numpy(x), torch.from_numpy(dy)
         kw = _peer_args(layer)
@@ -175,8 +171,14 @@ def _setup_dw(layer: Layer, dtype: str) -> Prepared:
         def peer():
             return torch.nn.grad.conv2d_weight(tx, layer.w_shape(), tdy, **kw)
 
+        def check():
+            func(*args)
+            ours = fracz_to_weight(args[-1].numpy(), layer.w_shape(), layer.groups)
+            return rel_err(ours, peer().numpy())
+
     return Prepared(lambda: func(*args), peer, seconds,
-                    {"rule": meta["schedule"]["rule"], "target": tgt.name, "dtype": dtype})
+                    {"rule": meta["schedule"]["rule"], "target": tgt.name, "dtype": dtype},
+                    check=check, tolerance=tolerance(dtype))
 
 
 def _dtype() -> str:

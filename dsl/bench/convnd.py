@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsl.bench import Prepared, Workload, register
+from dsl.bench import Prepared, Workload, register, rel_err, tolerance, torch_peer
 
 SUITE = "convnd"
 
@@ -108,21 +108,21 @@ def _setup(layer: Layer, kind: str, dtype: str) -> Prepared:
              for o in outs]
     func = kernel.func
 
-    peer = None
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    peer = check = None
+    torch = torch_peer(tgt.cores)
     if torch is not None:
-        torch.set_num_threads(tgt.cores)
         tdy, tx, tw = (torch.from_numpy(a) for a in (dy, x, w))
 
         def peer():
             return torch.ops.aten.convolution_backward(tdy, tx, tw, *layer.args(), mask)
 
+        def check():
+            func(*args)
+            return rel_err(args[-1].numpy(), peer()[0 if kind == "dx" else 1].numpy())
+
     return Prepared(lambda: func(*args), peer, seconds,
                     {"rule": kernel.meta["schedule"]["rule"], "target": tgt.name,
-                     "dtype": dtype})
+                     "dtype": dtype}, check=check, tolerance=tolerance(dtype))
 
 
 def _dtype() -> str:

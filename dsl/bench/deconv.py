@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsl.bench import Prepared, Workload, register
+from dsl.bench import Prepared, Workload, register, rel_err, tolerance, torch_peer
 
 SUITE = "deconv"
 KIND = "deconv_dw"
@@ -97,13 +97,9 @@ def _setup(layer: Layer, dtype: str) -> Prepared:
     meta = api.kernel_for(geo, dtype, cores).meta  # built above: a memory-cache hit
     info = {"target": tgt.name, "dtype": dtype, "cores": cores,
             "rule": meta["schedule"]["rule"], "kernel": meta["name"]}
-    peer = None
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    peer = check = None
+    torch = torch_peer(cores)
     if torch is not None:
-        torch.set_num_threads(cores)
         tx = torch.from_numpy(np.asarray(x, np.float32)).permute(0, 3, 1, 2).contiguous()
         tdy = torch.from_numpy(np.asarray(dy, np.float32)).permute(0, 3, 1, 2).contiguous()
         w = torch.zeros(layer.cin, layer.cout // layer.groups, layer.k, layer.k)
@@ -114,11 +110,13 @@ def _setup(layer: Layer, dtype: str) -> Prepared:
                 tdy, tx, w, None, s, p, [1, 1], True, [0, 0], layer.groups,
                 [False, True, False])[1]
 
-        gw = peer().numpy().reshape(geo.group, geo.icg, geo.ocg, layer.k, layer.k)
-        ref = gw.transpose(0, 2, 3, 4, 1).reshape(dw.shape)
-        info["max_rel_err_vs_peer"] = float(np.abs(dw.astype(np.float64) - ref).max()
-                                            / max(1.0, float(np.abs(ref).max())))
-    return Prepared(lambda: call(dy, x, dw, param, mask), peer, seconds, info)
+        def check():
+            call(dy, x, dw, param, mask)
+            gw = peer().numpy().reshape(geo.group, geo.icg, geo.ocg, layer.k, layer.k)
+            return rel_err(dw, gw.transpose(0, 2, 3, 4, 1).reshape(dw.shape))
+
+    return Prepared(lambda: call(dy, x, dw, param, mask), peer, seconds, info, check=check,
+                    tolerance=tolerance(dtype))
 
 
 for _layer in LAYERS:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dsl.bench import Prepared, Workload, register
+from dsl.bench import Prepared, Workload, register, rel_err, tolerance, torch_peer
 
 SUITE = "pool"
 
@@ -67,7 +67,7 @@ def _setup(layer: PoolLayer, dtype: str, layout: str) -> Prepared:
     import dsl
     import targets
     from dsl.avg_pool2d_backward import avg_pool2d_backward, avg_pool2d_backward_5hd
-    from dsl.layout import nchw_to_5hd
+    from dsl.layout import nc1hwc0_to_nchw, nchw_to_5hd
 
     tgt = targets.current()
     rng = np.random.default_rng(0)
@@ -91,13 +91,9 @@ def _setup(layer: PoolLayer, dtype: str, layout: str) -> Prepared:
     args = [tvm.runtime.tensor(dy_ours.astype(dtype), dev),
             tvm.runtime.tensor(np.zeros(x_ours, dtype), dev)]
 
-    peer = None
-    try:
-        import torch
-    except ImportError:
-        torch = None
+    peer = check = None
+    torch = torch_peer(tgt.cores)
     if torch is not None:
-        torch.set_num_threads(tgt.cores)
         tdy, tx = torch.from_numpy(dy), torch.zeros(x_shape)
         kernel_size, stride, padding = [layer.k] * 2, [layer.stride] * 2, [layer.pad] * 2
 
@@ -106,10 +102,16 @@ def _setup(layer: PoolLayer, dtype: str, layout: str) -> Prepared:
                                                       layer.ceil_mode,
                                                       layer.count_include_pad, None)
 
+        def check():
+            func(*args)
+            ours = args[-1].numpy()
+            return rel_err(nc1hwc0_to_nchw(ours, layer.c) if five else ours, peer().numpy())
+
     func = kernel.func
     return Prepared(lambda: func(*args), peer, seconds,
                     {"rule": kernel.meta["schedule"]["rule"], "target": tgt.name,
-                     "dtype": dtype, "layout": layout})
+                     "dtype": dtype, "layout": layout}, check=check,
+                    tolerance=tolerance(dtype))
 
 
 def _dtype() -> str:

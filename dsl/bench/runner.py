@@ -62,7 +62,9 @@ def _cpu_model() -> str:
 def machine(target, threads: int, peer_version: str | None) -> dict:
     import tvm
 
+    pool = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
     return {"cpu": _cpu_model(), "machine_cores": os.cpu_count(), "threads": threads,
+            "tvm_threads": int(pool()) if pool is not None else None,
             "load_avg": round(os.getloadavg()[0], 2),
             "target": target.name, "mcpu": target.llvm.get("mcpu"),
             "vector_bits": target.vector_bits, "tvm": tvm.__version__,
@@ -112,18 +114,18 @@ def _fmt(v, spec: str, width: int) -> str:
     return f"{v:{width}{spec}}" if v is not None else f"{'-':>{width}}"
 
 
-HEAD = (f"{'workload':<34s} {'kind':<8s} {'ours GF/s':>10s} {'torch GF/s':>10s} "
+HEAD = (f"{'workload':<42s} {'kind':<8s} {'ours GF/s':>10s} {'torch GF/s':>10s} "
         f"{'ratio':>7s} {'ours ms':>9s} {'torch ms':>9s} {'build s':>8s}")
 
 
 def format_row(r: dict) -> str:
     if r.get("error"):
-        return f"{r['suite'] + '/' + r['name']:<34s} {r['kind']:<8s} FAILED: {r['error']}"
+        return f"{r['suite'] + '/' + r['name']:<42s} {r['kind']:<8s} FAILED: {r['error']}"
 
     def ms(seconds):
         return seconds * 1e3 if seconds is not None else None
 
-    return (f"{r['suite'] + '/' + r['name']:<34s} {r['kind']:<8s} "
+    return (f"{r['suite'] + '/' + r['name']:<42s} {r['kind']:<8s} "
             f"{_fmt(r['ours_gflops'], '.1f', 10)} {_fmt(r['peer_gflops'], '.1f', 10)} "
             f"{_fmt(r['ratio'], '.2f', 7)} {_fmt(ms(r['ours_s']), '.3f', 9)} "
             f"{_fmt(ms(r['peer_s']), '.3f', 9)} {_fmt(r['build_s'], '.2f', 8)}")
@@ -143,14 +145,18 @@ def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
             prep = w.setup()
             print(f" {prep.build_seconds:.2f} s; timing ...", end="", file=out, flush=True)
             ours, peer = measure(prep, repeat, min_time, use_peer, settle)
-            row.update(ours_s=ours, peer_s=peer, build_s=prep.build_seconds,
+            err = prep.check() if (prep.check is not None and use_peer) else None
+            if err is not None and not err <= prep.tolerance:  # NaN fails too
+                raise ValueError(f"wrong result: relative error {err:.3g} vs the peer "
+                                 f"(tolerance {prep.tolerance:g})")
+            row.update(check_err=err, ours_s=ours, peer_s=peer, build_s=prep.build_seconds,
                        load_avg=round(os.getloadavg()[0], 2),
                        ours_gflops=w.flops / ours / 1e9,
                        peer_gflops=w.flops / peer / 1e9 if peer else None,
                        ratio=peer / ours if peer else None, info=dict(prep.info), error=None)
             print(" done", file=out, flush=True)
         except Exception as exc:  # noqa: BLE001 - one broken workload must not stop the rest
-            row.update(ours_s=None, peer_s=None, build_s=None, ours_gflops=None,
+            row.update(ours_s=None, peer_s=None, build_s=None, ours_gflops=None, check_err=None,
                        peer_gflops=None, ratio=None, info={},
                        error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
             print(" FAILED", file=out, flush=True)
@@ -159,13 +165,14 @@ def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
 
 
 def summary(rows) -> dict:
-    """Per kind: geometric mean of ratios, worst ratio, median build seconds."""
+    """Per suite and kind ("conv2d/dx"): geometric mean of ratios, worst ratio, median build
+    seconds. Suites stay apart: their workloads answer different questions."""
     out = {}
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        sel = [r for r in rows if r["kind"] == kind and not r.get("error")]
+    for key in dict.fromkeys(f"{r['suite']}/{r['kind']}" for r in rows):
+        sel = [r for r in rows if f"{r['suite']}/{r['kind']}" == key and not r.get("error")]
         ratios = [r["ratio"] for r in sel if r["ratio"]]
         builds = [r["build_s"] for r in sel if r["build_s"] is not None]
-        out[kind] = {"geomean_ratio": geomean(ratios),
+        out[key] = {"geomean_ratio": geomean(ratios),
                      "min_ratio": min(ratios) if ratios else None,
                      "geomean_ours_gflops": geomean(r["ours_gflops"] for r in sel),
                      "median_build_s": statistics.median(builds) if builds else None,
@@ -175,9 +182,6 @@ def summary(rows) -> dict:
 
 def main(argv=None) -> int:
     args = _parse(list(argv or []))
-    if args.threads is not None:
-        # TVM's runtime pool reads this once, when it first starts threads
-        os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
     if args.dtype:
         os.environ["DSL_BENCH_DTYPE"] = args.dtype
 
@@ -187,6 +191,10 @@ def main(argv=None) -> int:
     target = targets.get(args.target or "host")
     if args.threads is not None:
         target = target.with_cores(args.threads)
+    # TVM sizes its thread pool once, when it first starts it, from TVM_NUM_THREADS; unset, it
+    # takes half the logical CPUs (it assumes SMT), so ours would run on fewer threads than
+    # the peer is given
+    os.environ.setdefault("TVM_NUM_THREADS", str(target.cores))
     suites = [s for s in args.suite.split(",") if s]
     pattern = re.compile(args.filter) if args.filter else None
     selected = [w for w in load_suites(suites)
@@ -197,7 +205,8 @@ def main(argv=None) -> int:
     except ImportError:
         peer_version = None
     info = machine(target, target.cores, peer_version)
-    print(f"# {info['cpu']}, {info['machine_cores']} cores; {target.cores} threads; "
+    print(f"# {info['cpu']}, {info['machine_cores']} cores; {target.cores} threads "
+          f"(TVM pool {info['tvm_threads']}); "
           f"target {target.name} ({info['mcpu']}, {target.vector_bits}-bit); "
           f"tvm {info['tvm']}; torch {peer_version or 'absent'}; load {info['load_avg']}; "
           f"median of {args.repeat} alternating samples")
@@ -214,7 +223,7 @@ def main(argv=None) -> int:
     summ = summary(rows)
     print()
     for kind, s in summ.items():
-        print(f"{kind:<8s} geomean ours/torch {_fmt(s['geomean_ratio'], '.2f', 6)}  "
+        print(f"{kind:<16s} geomean ours/torch {_fmt(s['geomean_ratio'], '.2f', 6)}  "
               f"min {_fmt(s['min_ratio'], '.2f', 5)}  "
               f"geomean ours {_fmt(s['geomean_ours_gflops'], '.1f', 7)} GFLOP/s  "
               f"median build {_fmt(s['median_build_s'], '.2f', 5)} s  ({s['rows']} rows)")

@@ -430,6 +430,13 @@ def _kernel_meta_symlink():
     return bld()
 
 
+def _lock_symlink():
+    """A planted lock symlink must not make build create (or lock) a file outside."""
+    os.makedirs("kernel_meta")
+    os.symlink("../planted_target", "kernel_meta/.hostile.lock")
+    return bld()
+
+
 def _placeholder_output():
     p = ph((4, 4), name="p")
     return dsl.build(dsl.auto_schedule(p), {"name": "k", "tensor_list": [p]})
@@ -454,6 +461,7 @@ def _giant_stage():
 add("build-parent-is-file", E_FILE, "config['kernel_meta_parent_dir']", _parent_is_file)
 add("build-kernel_meta-symlink", E_FILE, "config['kernel_meta_parent_dir']",
     _kernel_meta_symlink)
+add("build-lock-symlink", E_FILE, "config['kernel_meta_parent_dir']", _lock_symlink)
 add("build-placeholder-output", E_VALUE, "sch", _placeholder_output)
 add("build-bool-dim", E_TYPE, "config['tensor_list']", _bool_dim_placeholder)
 add("build-int32-stage", E_SHAPE, "config['tensor_list']", _giant_stage)

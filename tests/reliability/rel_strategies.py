@@ -37,8 +37,9 @@ def conv_configs(draw, max_ch: int = 40, max_hw: int = 12):
     dh, dw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     pads = tuple(draw(st.integers(0, 3)) for _ in range(4))
     span_h, span_w = (kh - 1) * dh + 1, (kw - 1) * dw + 1
-    h = draw(st.integers(max(1, span_h - pads[0] - pads[1]), max_hw))
-    w = draw(st.integers(max(1, span_w - pads[2] - pads[3]), max_hw))
+    lo_h, lo_w = max(1, span_h - pads[0] - pads[1]), max(1, span_w - pads[2] - pads[3])
+    h = draw(st.integers(lo_h, max(lo_h, max_hw)))  # a big dilated kernel may need > max_hw
+    w = draw(st.integers(lo_w, max(lo_w, max_hw)))
     return {"n": draw(st.integers(1, 2)), "cin": cin_g * groups, "cout": cout_g * groups,
             "h": h, "w": w, "kh": kh, "kw": kw, "stride": (sh, sw), "pads": pads,
             "dil": (dh, dw), "groups": groups}

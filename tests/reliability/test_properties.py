@@ -45,7 +45,7 @@ def _run_dw(c, dtype, res, x, dy):
     return out, ref
 
 
-@settings(max_examples=budget(24, 400))
+@settings(max_examples=budget(40, 400))
 @given(c=conv_configs(), dtype=dtypes, res=dtypes, seed=st.integers(0, 2**16))
 def test_dx_matches_reference(c, dtype, res, seed):
     dy, w = dx_data(c, dtype, seed)
@@ -53,7 +53,7 @@ def test_dx_matches_reference(c, dtype, res, seed):
     assert_close(out, ref, res, str(c))
 
 
-@settings(max_examples=budget(24, 400))
+@settings(max_examples=budget(40, 400))
 @given(c=conv_configs(), dtype=dtypes, res=dtypes, seed=st.integers(0, 2**16))
 def test_dw_matches_reference(c, dtype, res, seed):
     x, dy = dw_data(c, dtype, seed)
@@ -73,7 +73,7 @@ def _same_nonfinite(out, ref, what):
 _SPECIAL = st.sampled_from([np.nan, np.inf, -np.inf])
 
 
-@settings(max_examples=budget(12, 200))
+@settings(max_examples=budget(20, 200))
 @given(c=conv_configs(max_ch=24, max_hw=9), value=_SPECIAL, data=st.data())
 def test_dx_nonfinite_dy_propagates_like_ieee(c, value, data):
     """A NaN / inf in dy reaches exactly the dx positions the math says, nothing else."""
@@ -84,7 +84,7 @@ def test_dx_nonfinite_dy_propagates_like_ieee(c, value, data):
     _same_nonfinite(out, ref, f"{c} dy{pos}={value}")
 
 
-@settings(max_examples=budget(12, 200))
+@settings(max_examples=budget(20, 200))
 @given(c=conv_configs(max_ch=24, max_hw=9), value=_SPECIAL, into_x=st.booleans(),
        data=st.data())
 def test_dw_nonfinite_propagates_like_ieee(c, value, into_x, data):

@@ -147,3 +147,35 @@ def test_dx_whose_every_tap_is_padding_builds_and_is_zero(dtype):
     out5 = dx_kernel(c, dtype, dtype)(dsl.layout.weight_to_fracz(w), dsl.layout.nchw_to_5hd(dy))
     ref = ref_dx(dy, w, (1, 1, 1, 1), (1, 2), (0, 0, 1, 0), (1, 1), 1)
     assert not ref.any() and not out5.any()
+
+
+def test_build_ignores_a_fifo_planted_as_its_json(tmp_path):
+    """build read ``<name>.json`` to decide on reuse without checking it is a regular file: a
+    FIFO there blocked the build forever."""
+    meta = tmp_path / "kernel_meta"
+    meta.mkdir()
+    os.mkfifo(meta / "fifo_k.json")
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (build(str(tmp_path), "fifo_k", "A"), done.set()),
+                         daemon=True)
+    t.start()
+    t.join(120)
+    if not done.is_set():  # unblock the reader so the thread can end
+        with open(meta / "fifo_k.json", "w"):
+            pass
+    assert done.is_set(), "build blocked on a FIFO"
+    assert check_kernel(str(tmp_path), "fifo_k") == "A"
+
+
+def test_build_on_a_full_disk_is_refused_not_aborted(tmp_path, monkeypatch):
+    """LLVM aborts the process on a failed write ("LLVM ERROR: IO failure on output stream",
+    seen with RLIMIT_FSIZE): a build on a full disk killed Python. It is refused up front."""
+    import shutil
+    from collections import namedtuple
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.raises(dsl.DslError) as info:
+        build(str(tmp_path), "full_k", "A")
+    assert info.value.code == "E60040" and "free" in str(info.value)
+    assert not [p for p in (tmp_path / "kernel_meta").iterdir() if not p.name.endswith(".lock")]

@@ -1,7 +1,7 @@
 """Resource use: many distinct kernels in one process, and one kernel run many times.
 
 Measured in a fresh child process (``rel_memory.py``) so the numbers are not disturbed by the
-rest of the suite. CI builds 30 kernels per mode; ``RELIABILITY_FULL=1`` builds the 200 of the
+rest of the suite. CI builds 24 kernels per mode; ``RELIABILITY_FULL=1`` builds the 200 of the
 issue. The 10,000 runs are the same in both.
 """
 
@@ -18,7 +18,7 @@ import pytest
 from rel_strategies import FULL
 
 ROOT = Path(__file__).resolve().parents[2]
-KERNELS = 200 if FULL else 30
+KERNELS = 200 if FULL else 24
 RUNS = 10_000
 # RSS growth allowed after warm-up: the allocator and TVM's global bookkeeping wobble by a few
 # MiB; a kernel whose library stayed mapped would add its pages and dlopen state every time.

@@ -47,7 +47,7 @@ def test_bench_main_prints_table_and_json(smoke_suite, tmp_path, capsys):
         if HAVE_TORCH:
             assert r["peer_gflops"] > 0
             assert r["ratio"] == pytest.approx(r["peer_s"] / r["ours_s"])
-            assert data["summary"][kind]["geomean_ratio"] == pytest.approx(r["ratio"])
+            assert data["summary"][f"smoke/{kind}"]["geomean_ratio"] == pytest.approx(r["ratio"])
         else:
             assert r["ratio"] is None
     assert rows["pool_dx"]["peer_gflops"] is None and rows["pool_dx"]["ratio"] is None
