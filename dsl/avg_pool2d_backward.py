@@ -83,6 +83,7 @@ from dsl.errors import (
     check_ints,
     check_shape,
     fail,
+    te_shape,
 )
 from dsl.group import C0
 from dsl.layout import FORMAT_5HD
@@ -293,16 +294,6 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
         cube_math_type=cube)
 
 
-def _te_shape(param: str, t: object) -> tuple[int, ...]:
-    from tvm import te
-
-    if not isinstance(t, te.Tensor):
-        raise fail(E_VALUE, param, type(t).__name__, "must be a tvm.te.Tensor (te.placeholder)")
-    try:
-        return tuple(int(d) for d in t.shape)
-    except TypeError:
-        raise fail(E_SHAPE, f"{param}.shape", list(t.shape),
-                   "must be static: symbolic shapes are not supported") from None
 
 
 def _compute(dy, geo: AvgPool2dGeometry):
@@ -409,7 +400,7 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
         gradInput, the shape and dtype of ``self``; tag ``avg_pool2d_backward``.
     """
     geo = check_avg_pool2d_backward(
-        _te_shape("grad_output", grad_output), str(grad_output.dtype), _te_shape("self", self),
+        te_shape("grad_output", grad_output), str(grad_output.dtype), te_shape("self", self),
         str(self.dtype), kernel_size, stride, padding, ceil_mode, count_include_pad,
         divisor_override, cube_math_type)
     return _compute(grad_output, geo)
@@ -424,7 +415,7 @@ def avg_pool2d_backward_5hd(grad_output, self, kernel_size, stride, padding, cei
     :func:`avg_pool2d_backward`, applied to each of the ``C1 * 16`` channel lanes.
     """
     geo = check_avg_pool2d_backward(
-        _te_shape("grad_output", grad_output), str(grad_output.dtype), _te_shape("self", self),
+        te_shape("grad_output", grad_output), str(grad_output.dtype), te_shape("self", self),
         str(self.dtype), kernel_size, stride, padding, ceil_mode, count_include_pad,
         divisor_override, cube_math_type, layout=FORMAT_5HD)
     return _compute(grad_output, geo)

@@ -23,6 +23,7 @@ import time
 import warnings
 from pathlib import Path
 
+from dsl.atomic import sweep_dead_temps, tmp_prefix
 from dsl.errors import E_FILE, E_TYPE, E_VALUE, check_elems, fail
 from dsl.para_dict import check_kernel_name
 from dsl.schedule import Schedule, same_tensor, walk
@@ -140,20 +141,6 @@ def _lock(path: Path):
         os.close(fd)
 
 
-def _tmp_prefix(name: str) -> str:
-    """Temporary files carry the builder's pid so a later build can sweep a killed one's."""
-    return f".{name}.{os.getpid()}."
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: it exists, owned by someone else
-        return True
-    return True
-
 
 def _prepare_meta_dir(meta_dir: Path, name: str) -> None:
     """Create ``kernel_meta/`` and remove temporaries of builders that died (SIGKILL, OOM).
@@ -167,11 +154,7 @@ def _prepare_meta_dir(meta_dir: Path, name: str) -> None:
                        f"has a symlink {meta_dir.name}/; builds write only inside the parent, "
                        "so make kernel_meta a real directory")
         meta_dir.mkdir(parents=True, exist_ok=True)
-        for tmp in meta_dir.glob(f".{name}.*.tmp"):
-            pid = tmp.name[len(name) + 2:].split(".", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
+        sweep_dead_temps(meta_dir, name)
     except OSError as exc:
         raise fail(E_FILE, "config['kernel_meta_parent_dir']", str(meta_dir.parent),
                    f"cannot hold kernel_meta/: {exc}") from None
@@ -280,7 +263,7 @@ def build(sch: Schedule, config: dict) -> dict | object:
     so_path, js_path = meta_dir / f"{name}.so", meta_dir / f"{name}.json"
     tmp_so = tmp_js = None
     try:
-        fd, tmp_so = tempfile.mkstemp(prefix=_tmp_prefix(name), suffix=".so.tmp", dir=meta_dir)
+        fd, tmp_so = tempfile.mkstemp(prefix=tmp_prefix(name), suffix=".so.tmp", dir=meta_dir)
         os.close(fd)
         if lib is None:
             lib = tvm.compile(mod, target=sch.target.tvm_target())
@@ -292,7 +275,7 @@ def build(sch: Schedule, config: dict) -> dict | object:
                 "versions": versions(), "schedule": _schedule_meta(sch),
                 "sha256": digest, "cache_key": key,
                 "build_seconds": round(time.perf_counter() - t0, 4)}
-        fd, tmp_js = tempfile.mkstemp(prefix=_tmp_prefix(name), suffix=".json.tmp",
+        fd, tmp_js = tempfile.mkstemp(prefix=tmp_prefix(name), suffix=".json.tmp",
                                       dir=meta_dir)
         with os.fdopen(fd, "w") as f:
             json.dump(meta, f, indent=1, sort_keys=True)

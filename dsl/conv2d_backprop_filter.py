@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 
-from dsl.conv2d_backprop_input import tensor_shape
 from dsl.conv_geometry import ConvAxis
 from dsl.errors import (
     E_CHANNEL,
@@ -51,6 +50,7 @@ from dsl.errors import (
     check_int,
     check_shape,
     fail,
+    te_shape,
 )
 from dsl.group import C0, GroupLayout, calculate_group
 from dsl.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute, te_all
@@ -87,8 +87,8 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
                              allowed=("groups",))
     groups = check_int("para_dict['groups']", para_dict.get("groups", 1), lo=1, code=E_GROUPS)
     w_sizes = check_shape("filter_sizes", filter_sizes, 4)
-    x_shape = tensor_shape("input_x", input_x, 5)
-    dy_shape = tensor_shape("out_backprop", out_backprop, 5)
+    x_shape = te_shape("input_x", input_x, 5)
+    dy_shape = te_shape("out_backprop", out_backprop, 5)
     dtype = str(input_x.dtype)
     if dtype not in ("float16", "float32"):
         raise fail(E_DTYPE, "input_x.dtype", dtype, "must be float16 or float32")

@@ -52,13 +52,13 @@ from dsl.errors import (
     E_DTYPE_MISMATCH,
     E_GROUPS,
     E_SHAPE,
-    E_TYPE,
     E_VALUE,
     ceil_div,
     check_elems,
     check_int,
     check_shape,
     fail,
+    te_shape,
 )
 from dsl.group import C0, GroupLayout, calculate_group, check_group_dict
 from dsl.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute
@@ -68,20 +68,6 @@ TAG = "conv2d_backprop_input"
 ACC_DTYPE = "float32"
 
 
-def tensor_shape(param: str, t: object, rank: int) -> tuple[int, ...]:
-    """The static shape of a TE tensor argument, checked for rank and positivity."""
-    from tvm import te
-
-    if not isinstance(t, te.Tensor):
-        raise fail(E_VALUE, param, type(t).__name__, "must be a tvm.te.Tensor (te.placeholder)")
-    try:
-        dims = [int(d) for d in t.shape]
-    except TypeError:
-        raise fail(E_SHAPE, f"{param}.shape", list(t.shape),
-                   "must be static: symbolic shapes are not supported") from None
-    if any(str(getattr(d, "ty", "")) == "bool" for d in t.shape):  # int(True) passes; LLVM fails
-        raise fail(E_TYPE, f"{param}.shape", list(t.shape), "must be integers, not bools")
-    return check_shape(f"{param}.shape", dims, rank)
 
 
 def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para_dict):
@@ -119,8 +105,8 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
                    "must be None: weight offsets (int8 quantisation) are not supported")
     w_sizes = check_shape("filter_sizes", filter_sizes, 4)
     x_sizes = check_shape("input_sizes", input_sizes, 4)
-    dy_shape = tensor_shape("out_backprop", out_backprop, 5)
-    fz_shape = tensor_shape("filters", filters, 4)
+    dy_shape = te_shape("out_backprop", out_backprop, 5)
+    fz_shape = te_shape("filters", filters, 4)
     dtype = str(out_backprop.dtype)
     if dtype not in ("float16", "float32"):
         raise fail(E_DTYPE, "out_backprop.dtype", dtype, "must be float16 or float32")

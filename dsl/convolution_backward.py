@@ -112,6 +112,7 @@ from dsl.errors import (
     check_int,
     check_ints,
     fail,
+    te_shape,
 )
 
 TAG = "convolution_backward"
@@ -372,16 +373,6 @@ def _operand(v, dtype: str, cube_math_type: int):
     return f
 
 
-def _te_shape(param: str, t) -> tuple[int, ...]:
-    from tvm import te
-
-    if not isinstance(t, te.Tensor):
-        raise fail(E_VALUE, param, type(t).__name__, "must be a tvm.te.Tensor (te.placeholder)")
-    try:
-        return tuple(int(d) for d in t.shape)
-    except TypeError:
-        raise fail(E_SHAPE, f"{param}.shape", list(t.shape),
-                   "must be static: symbolic shapes are not supported") from None
 
 
 def _all(conds):
@@ -431,9 +422,9 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
         ``(grad_input, grad_weight, grad_bias)`` te.Tensors, None where the mask is False.
         Build them together: ``dsl.auto_schedule([t for t in res if t is not None])``.
     """
-    go_shape = _te_shape("grad_output", grad_output)
-    x_shape = _te_shape("input", input)
-    w_shape = _te_shape("weight", weight)
+    go_shape = te_shape("grad_output", grad_output)
+    x_shape = te_shape("input", input)
+    w_shape = te_shape("weight", weight)
     p = plan(go_shape, str(grad_output.dtype), x_shape, str(input.dtype), w_shape,
              str(weight.dtype), bias_sizes, stride, padding, dilation, transposed,
              output_padding, groups, output_mask, cube_math_type)

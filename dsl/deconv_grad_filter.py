@@ -45,9 +45,9 @@ from dsl.errors import (
     E_GROUPS,
     E_RANGE,
     E_SHAPE,
-    E_TYPE,
     check_int,
     fail,
+    te_shape,
 )
 
 TAG = "deconv_grad_filter"
@@ -177,18 +177,10 @@ def _pair(param: str, value: object) -> tuple[object, object]:
 
 
 def _shape(param: str, t) -> tuple[int, ...]:
-    from tvm import te
-
-    if not isinstance(t, te.Tensor):
-        raise fail(E_TYPE, param, type(t).__name__, "must be a te.Tensor")
-    if len(t.shape) != 4:
-        raise fail(E_SHAPE, f"{param}.shape", [str(d) for d in t.shape],
-                   "must have rank 4 (NHWC)")
-    try:
-        return tuple(int(d) for d in t.shape)
-    except TypeError:
-        raise fail(E_SHAPE, f"{param}.shape", [str(d) for d in t.shape],
-                   "must be static") from None
+    dims = te_shape(param, t)
+    if len(dims) != 4:
+        raise fail(E_SHAPE, f"{param}.shape", list(dims), "must have rank 4 (NHWC)")
+    return dims
 
 
 def deconv_grad_filter(dy, x, *, kernel, stride=1, pad=0, dilation=1, group=1):

@@ -74,7 +74,7 @@ import numpy as np
 
 import targets
 from dsl.deconv_grad_filter import FIELDS, DeconvGeometry, check_geometry
-from dsl.errors import E_DTYPE, E_RANGE, E_SHAPE, E_TYPE, E_VALUE, check_int, fail
+from dsl.errors import E_DTYPE, E_RANGE, E_SHAPE, E_TYPE, E_VALUE, check_int, check_ndarray, fail
 
 PARAM_LEN = 17  # param[17], the workspace, is optional
 PARAM_NAMES = {f: f"param[{i}]" for i, f in enumerate(FIELDS)}
@@ -102,8 +102,7 @@ def parse_param(param) -> DeconvGeometry:
 
 
 def _array(name: str, a: object, count: int, dtype: str, rule: str) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise fail(E_TYPE, name, type(a).__name__, "must be a numpy.ndarray")
+    check_ndarray(name, a)
     if str(a.dtype) != dtype:
         raise fail(E_DTYPE, f"{name}.dtype", str(a.dtype), f"must be {dtype}")
     if a.size != count:

@@ -134,3 +134,38 @@ def check_elems(param: str, value: object, shape: Sequence[int], what: str, *,
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def te_shape(param: str, t: object, rank: int | Sequence[int] | None = None) -> tuple[int, ...]:
+    """The static shape of a TE tensor argument (``te.placeholder``) as ints.
+
+    With ``rank``, also checks the rank, positivity and int32-indexable size (as
+    :func:`check_shape`); without, the caller checks the dimensions itself (some operators
+    accept empty tensors).
+    """
+    from tvm import te
+
+    if not isinstance(t, te.Tensor):
+        raise fail(E_TYPE, param, type(t).__name__, "must be a tvm.te.Tensor (te.placeholder)")
+    try:
+        dims = [int(d) for d in t.shape]
+    except TypeError:
+        raise fail(E_SHAPE, f"{param}.shape", list(t.shape),
+                   "must be static: symbolic shapes are not supported") from None
+    if any(str(getattr(d, "ty", "")) == "bool" for d in t.shape):  # int(True) passes; LLVM fails
+        raise fail(E_TYPE, f"{param}.shape", list(t.shape), "must be integers, not bools")
+    return tuple(dims) if rank is None else check_shape(f"{param}.shape", dims, rank)
+
+
+def check_ndarray(param: str, a: object):
+    """A plain ``numpy.ndarray`` argument of a numpy-level API (masked arrays refused: a
+    kernel would silently compute on the values under the mask)."""
+    import numpy as np
+
+    if isinstance(a, np.ma.MaskedArray):
+        raise fail(E_TYPE, param, "numpy.ma.MaskedArray",
+                   "must be a plain numpy.ndarray: the kernel cannot honour a mask; pass "
+                   "a.filled(value) to choose what masked elements mean")
+    if not isinstance(a, np.ndarray):
+        raise fail(E_TYPE, param, type(a).__name__, "must be a numpy.ndarray")
+    return a

@@ -15,7 +15,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsl.errors import E_SHAPE, E_TYPE, ceil_div, check_elems, check_int, check_shape, fail
+from dsl.errors import (
+    E_SHAPE,
+    E_TYPE,
+    ceil_div,
+    check_elems,
+    check_int,
+    check_shape,
+    fail,
+    te_shape,
+)
 from dsl.group import C0, GroupLayout
 
 FORMAT_5HD = "NC1HWC0"
@@ -31,20 +40,6 @@ def _as_array(param: str, a: object, rank: int) -> np.ndarray:
     return a
 
 
-def _te_shape(param: str, t: object, ranks) -> tuple[int, ...]:
-    """Static shape of a TE tensor argument of a layout compute, checked like the operators'."""
-    from tvm import te
-
-    if not isinstance(t, te.Tensor):
-        raise fail(E_TYPE, param, type(t).__name__, "must be a tvm.te.Tensor")
-    try:
-        dims = [int(d) for d in t.shape]
-    except TypeError:
-        raise fail(E_SHAPE, f"{param}.shape", list(t.shape),
-                   "must be static: symbolic shapes are not supported") from None
-    if any(str(getattr(d, "ty", "")) == "bool" for d in t.shape):  # int(True) passes; LLVM fails
-        raise fail(E_TYPE, f"{param}.shape", list(t.shape), "must be integers, not bools")
-    return check_shape(f"{param}.shape", dims, ranks)
 
 
 # --- numpy host packers ----------------------------------------------------------------------
@@ -110,7 +105,7 @@ def nchw_to_5hd_compute(x, name: str = "to_5hd"):
     """TE: ``x (N, C, *spatial)`` -> ``(N, ceil(C/16), *spatial, 16)``; tag ``layout.to_5hd``."""
     from tvm import te
 
-    n, c, *sp = _te_shape("x", x, range(3, 9))
+    n, c, *sp = te_shape("x", x, range(3, 9))
     c1 = ceil_div(c, C0)
     check_elems("x.shape", (n, c, *sp), (n, c1, *sp, C0), "the 5HD result")
 
@@ -128,7 +123,7 @@ def nc1hwc0_to_nchw_compute(x5, channels: int, name: str = "from_5hd"):
     """TE: ``(N, C1, *spatial, 16)`` -> ``(N, channels, *spatial)``; tag ``layout.from_5hd``."""
     from tvm import te
 
-    n, c1, *sp, c0 = _te_shape("x5", x5, range(4, 10))
+    n, c1, *sp, c0 = te_shape("x5", x5, range(4, 10))
     if c0 != C0:
         raise fail(E_SHAPE, "x5.shape", (n, c1, *sp, c0), f"must end in C0={C0}")
     # more channels than C1*16 would read past x5
@@ -142,7 +137,7 @@ def weight_to_fracz_compute(w, groups: int = 1, name: str = "to_fracz"):
     """TE: ``W[Cout, Cin/groups, KH, KW]`` -> group FracZ; tag ``layout.to_fracz``."""
     from tvm import te
 
-    w_shape = _te_shape("w", w, 4)
+    w_shape = te_shape("w", w, 4)
     lay = GroupLayout.from_weight(w_shape, groups)
     check_elems("w.shape", w_shape, lay.fracz_shape, "the group FracZ result")
 
@@ -167,7 +162,7 @@ def fracz_to_weight_compute(fz, w_shape_nchw, groups: int = 1, name: str = "from
 
     w_shape = check_shape("w_shape_nchw", w_shape_nchw, 4)
     lay = GroupLayout.from_weight(w_shape, groups)
-    if _te_shape("fz", fz, 4) != lay.fracz_shape:
+    if te_shape("fz", fz, 4) != lay.fracz_shape:
         raise fail(E_SHAPE, "fz.shape", tuple(int(d) for d in fz.shape),
                    f"must be {lay.fracz_shape} for weight {w_shape} with groups={groups}")
     return te.compute(w_shape, lambda co, ci, kh, kw: fz[lay.fracz_index(co, ci, kh, kw)],

@@ -24,19 +24,18 @@ a few small lines and nothing else).
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import json
 import math
 import os
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import targets
+from dsl.atomic import write_text_atomic
 
 ENV = "DSL_TUNING_DB"
 FORMAT = 1
@@ -188,19 +187,6 @@ def read_lines(path: Path, *, prefix: bytes | None = None) -> list[dict]:
     return out
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 # ----------------------------------------------------------------------------------------------
@@ -235,7 +221,7 @@ class WorkloadStore:
             return
         import tvm
 
-        _write_atomic(self.workload_path, json.dumps(
+        write_text_atomic(self.workload_path, json.dumps(
             {"format": FORMAT, "key": self.key, "module": tvm.ir.save_json(mod)}))
 
     def matches(self, mod) -> bool:

@@ -87,7 +87,7 @@ def get(name: str | CpuTarget) -> CpuTarget:
     if isinstance(name, CpuTarget):
         return name
     _load_builtin()
-    if name not in _REGISTRY:
+    if not isinstance(name, str) or name not in _REGISTRY:
         from dsl.errors import E_VALUE, fail  # lazy: dsl imports targets
 
         raise fail(E_VALUE, "target", name, f"must be one of {', '.join(sorted(_REGISTRY))}")

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsl.errors import E_TYPE, fail
+from dsl.errors import check_ndarray
 
 PREFIX = "aclnn_avg_pool2d_backward"
 
 
 def _array(param: str, a: object) -> np.ndarray:
-    if not isinstance(a, np.ndarray):
-        raise fail(E_TYPE, param, type(a).__name__, "must be a numpy.ndarray")
-    return a
+    return check_ndarray(param, a)
 
 
 def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mode,

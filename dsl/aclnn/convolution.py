@@ -15,13 +15,11 @@ from __future__ import annotations
 import numpy as np
 
 from dsl.convolution_backward import ACC_DTYPE, TAG, Plan, plan
-from dsl.errors import E_TYPE, fail
+from dsl.errors import check_ndarray
 
 
 def _dtype_name(param: str, a: object) -> str:
-    if not isinstance(a, np.ndarray):
-        raise fail(E_TYPE, param, type(a).__name__, "must be a numpy.ndarray")
-    return str(a.dtype)
+    return str(check_ndarray(param, a).dtype)
 
 
 def _np_dtype(name: str):

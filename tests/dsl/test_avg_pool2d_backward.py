@@ -294,4 +294,4 @@ def test_5hd_and_te_checks():
     assert e.value.code == "E60011" and "C1" in e.value.rule
     with pytest.raises(dsl.DslError) as e:
         dsl.avg_pool2d_backward(np.zeros((1, 1, 4, 4)), x, [3], [2], [1], False, True, 0)
-    assert e.value.code == "E60012" and e.value.param == "grad_output"
+    assert e.value.code == "E60005" and e.value.param == "grad_output"

@@ -185,7 +185,7 @@ def test_ctrl_c_keeps_records(db, tmp_path):
         from test_tune import seed_dx, FAST
         import dsl
         try:
-            dsl.tune(seed_dx()[2], trials=8, trials_per_iter=2, seed=0, **FAST)
+            dsl.tune(seed_dx()[2], trials=64, trials_per_iter=2, seed=0, **FAST)
         except KeyboardInterrupt:
             print("INTERRUPTED")
             sys.exit(130)
@@ -209,7 +209,9 @@ def test_ctrl_c_keeps_records(db, tmp_path):
     assert "stopping after the current batch" in err and "records kept" in err
     (records,) = db.glob("*/*[0-9a-f].jsonl")
     lines = tuning_db.read_lines(records)
-    assert 2 <= len(lines) < 8  # the measured batches are kept; the rest never ran
+    # the measured batches are kept; the rest never ran (64 trials leave room for the signal
+    # to land mid-run even when batches are fast)
+    assert 2 <= len(lines) < 64
 
 
 def test_bench_kernels_are_recorded(db):

@@ -173,10 +173,10 @@ def _not_tensors():
 
 
 for what, obj in _not_tensors():
-    add(f"dx-filters-{what}", E_VALUE, "filters", lambda obj=obj: dx(filters=obj))
-    add(f"dx-out_backprop-{what}", E_VALUE, "out_backprop", lambda obj=obj: dx(out_backprop=obj))
-    add(f"dw-input_x-{what}", E_VALUE, "input_x", lambda obj=obj: dw(input_x=obj))
-    add(f"dw-out_backprop-{what}", E_VALUE, "out_backprop", lambda obj=obj: dw(out_backprop=obj))
+    add(f"dx-filters-{what}", E_TYPE, "filters", lambda obj=obj: dx(filters=obj))
+    add(f"dx-out_backprop-{what}", E_TYPE, "out_backprop", lambda obj=obj: dx(out_backprop=obj))
+    add(f"dw-input_x-{what}", E_TYPE, "input_x", lambda obj=obj: dw(input_x=obj))
+    add(f"dw-out_backprop-{what}", E_TYPE, "out_backprop", lambda obj=obj: dw(out_backprop=obj))
 
 
 def _symbolic(shape_fn):
