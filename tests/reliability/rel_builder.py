@@ -68,8 +68,19 @@ def check_kernel(parent: str, name: str) -> str:
     return variant
 
 
+# Every wait and loop is bounded: a test that dies before signalling must not leave us running.
+LIFETIME = 600.0
+_DEADLINE = time.monotonic() + LIFETIME
+
+
+def _alive() -> bool:
+    return time.monotonic() < _DEADLINE
+
+
 def _wait(path: str) -> None:
     while not os.path.exists(path):
+        if not _alive():
+            raise SystemExit(f"{path} did not appear within {LIFETIME:.0f} s; giving up")
         time.sleep(0.005)
 
 
@@ -80,7 +91,7 @@ def main(argv: list[str]) -> None:
     elif mode == "loop":
         print("ready", flush=True)
         i = 0
-        while True:
+        while _alive():
             build(parent, name, "AB"[i % 2])
             i += 1
     elif mode == "wait-go":
@@ -94,7 +105,7 @@ def main(argv: list[str]) -> None:
         print("waiting", flush=True)
         _wait(go)
         counts = {"ok": 0, "missing": 0, "other_error": 0}
-        while not os.path.exists(stop):
+        while not os.path.exists(stop) and _alive():
             try:
                 check_kernel(parent, name)
                 counts["ok"] += 1

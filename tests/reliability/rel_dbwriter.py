@@ -26,14 +26,18 @@ def main(mode: str, path: str, tag: str, n: str = "0") -> None:
     p = Path(path)
     if mode == "append":
         print("waiting", flush=True)
+        deadline = time.monotonic() + 120  # a test that died before "go" must not leave us
         while not os.path.exists(path + ".go"):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no {path}.go within 120 s; giving up")
             time.sleep(0.005)
         for i in range(int(n)):
             tuning_db.append_line(p, line(tag, i))
     elif mode == "forever":
         print("ready", flush=True)
         i = 0
-        while True:
+        deadline = time.monotonic() + 120  # the test SIGKILLs us long before; bound it anyway
+        while time.monotonic() < deadline:
             tuning_db.append_line(p, line(tag, i))
             i += 1
     else:

@@ -42,12 +42,18 @@ def _whole(lines: list[dict]) -> list[dict]:
 def test_concurrent_appenders_never_interleave(tmp_path):
     path = tmp_path / "db" / "w.jsonl"
     procs = [_spawn("append", path, f"w{k}", LINES) for k in range(WRITERS)]
-    for p in procs:
-        assert p.stdout.readline().strip() == "waiting", p.stderr.read()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    Path(str(path) + ".go").touch()
-    for p in procs:
-        assert p.wait(300) == 0, p.stderr.read()
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "waiting", p.stderr.read()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Path(str(path) + ".go").touch()
+        for p in procs:
+            assert p.wait(300) == 0, p.stderr.read()
+    finally:  # a failed assertion must not leave writers behind
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(30)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # not one corrupt line
         got = _whole(tuning_db.read_lines(path))
@@ -62,10 +68,12 @@ def test_sigkilled_appenders_lose_at_most_their_last_line(tmp_path):
     written = 0
     for k in range(KILLS):
         p = _spawn("forever", path, f"k{k}")
-        assert p.stdout.readline().strip() == "ready", p.stderr.read()
-        time.sleep(rng.uniform(0.05, 0.6))
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait(30)
+        try:
+            assert p.stdout.readline().strip() == "ready", p.stderr.read()
+            time.sleep(rng.uniform(0.05, 0.6))
+        finally:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(30)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", tuning_db.TuningDbWarning)  # the cut line
             got = _whole(tuning_db.read_lines(path))
