@@ -195,6 +195,11 @@ def main(argv=None) -> int:
     # takes half the logical CPUs (it assumes SMT), so ours would run on fewer threads than
     # the peer is given
     os.environ.setdefault("TVM_NUM_THREADS", str(target.cores))
+    # Idle worker threads of either runtime must not spin while the other side is timed: TVM's
+    # pool and PyTorch's OpenMP both busy-wait after a parallel region by default, which
+    # steals the other's cores. Both park at once here (set before either pool starts).
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     suites = [s for s in args.suite.split(",") if s]
     pattern = re.compile(args.filter) if args.filter else None
     selected = [w for w in load_suites(suites)
