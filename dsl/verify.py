@@ -38,31 +38,28 @@ def conv2d_forward(x, w, stride, pads, dilation, groups):
     return y
 
 
-def _rel(lhs: float, rhs: float, scale: float) -> float:
-    return abs(lhs - rhs) / max(scale, 1e-30)
+def _adjoint_error(grad, probe_shape, dy, forward, probes: int, seed: int) -> float:
+    """Largest relative violation of ``<grad, v> = <dy, forward(v)>`` over random probes."""
+    rng = np.random.default_rng(seed)
+    grad, dy = np.asarray(grad, np.float64), np.asarray(dy, np.float64)
+    worst = 0.0
+    for _ in range(probes):
+        v = rng.standard_normal(probe_shape)
+        lhs, rhs = float((grad * v).sum()), float((dy * forward(v)).sum())
+        scale = max(np.linalg.norm(grad) * np.linalg.norm(v), 1e-30)
+        worst = max(worst, abs(lhs - rhs) / scale)
+    return worst
 
 
 def dx_adjoint_error(dx, dy, w, stride, pads, dilation, groups, probes=3, seed=0) -> float:
     """Largest relative violation of ``<dx, v> = <dy, conv(v, w)>`` over random probes."""
-    rng = np.random.default_rng(seed)
-    dx, dy = np.asarray(dx, np.float64), np.asarray(dy, np.float64)
-    worst = 0.0
-    for _ in range(probes):
-        v = rng.standard_normal(dx.shape)
-        lhs = float((dx * v).sum())
-        rhs = float((dy * conv2d_forward(v, w, stride, pads, dilation, groups)).sum())
-        worst = max(worst, _rel(lhs, rhs, np.linalg.norm(dx) * np.linalg.norm(v)))
-    return worst
+    return _adjoint_error(dx, np.shape(dx), dy,
+                          lambda v: conv2d_forward(v, w, stride, pads, dilation, groups),
+                          probes, seed)
 
 
 def dw_adjoint_error(dw, x, dy, stride, pads, dilation, groups, probes=3, seed=0) -> float:
     """Largest relative violation of ``<dw, V> = <dy, conv(x, V)>`` over random probes."""
-    rng = np.random.default_rng(seed)
-    dw, dy = np.asarray(dw, np.float64), np.asarray(dy, np.float64)
-    worst = 0.0
-    for _ in range(probes):
-        v = rng.standard_normal(dw.shape)
-        lhs = float((dw * v).sum())
-        rhs = float((dy * conv2d_forward(x, v, stride, pads, dilation, groups)).sum())
-        worst = max(worst, _rel(lhs, rhs, np.linalg.norm(dw) * np.linalg.norm(v)))
-    return worst
+    return _adjoint_error(dw, np.shape(dw), dy,
+                          lambda v: conv2d_forward(x, v, stride, pads, dilation, groups),
+                          probes, seed)

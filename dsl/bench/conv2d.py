@@ -9,13 +9,11 @@ that keeps tensors in those layouts); the peer is ``torch.nn.grad.conv2d_input``
 from __future__ import annotations
 
 import os
-import tempfile
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from dsl.bench import Prepared, Workload, register, rel_err, tolerance, torch_peer
+from dsl.bench import Prepared, Workload, fresh_build, register, rel_err, tolerance, torch_peer
 
 SUITE = "conv2d"
 
@@ -68,20 +66,6 @@ LAYERS = [
 ]
 
 
-def _build(outputs, inputs, name: str):
-    """Build with the default schedule into a fresh directory (so nothing is reused) and
-    return (packed function, build seconds)."""
-    import dsl
-
-    with tempfile.TemporaryDirectory(prefix="dsl-bench-") as tmp:
-        t0 = time.perf_counter()
-        sch = dsl.auto_schedule(outputs)
-        dsl.build(sch, {"name": name, "tensor_list": [*inputs, *outputs],
-                        "kernel_meta_parent_dir": tmp})
-        seconds = time.perf_counter() - t0
-        kernel = dsl.load(name, tmp)
-        # the loaded module is mapped already; the directory may go
-        return kernel.func, kernel.meta, seconds
 
 
 def _peer_args(layer: Layer):
@@ -110,7 +94,8 @@ def _setup_dx(layer: Layer, dtype: str) -> Prepared:
     dx_t = dsl.conv2d_backprop_input(w_t, dy_t, layer.w_shape(),
                                      (layer.n, layer.cin, layer.hw, layer.hw),
                                      layer.para(res_dtype="float32"))
-    func, meta, seconds = _build([dx_t], [w_t, dy_t], f"bench_dx_{layer.name}")
+    kernel, seconds = fresh_build([dx_t], [w_t, dy_t], f"bench_dx_{layer.name}")
+    func, meta = kernel.func, kernel.meta
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(weight_to_fracz(w, layer.groups).astype(dtype), dev),
             tvm.runtime.tensor(nchw_to_5hd(dy).astype(dtype), dev),
@@ -155,7 +140,8 @@ def _setup_dw(layer: Layer, dtype: str) -> Prepared:
                           dtype=dtype)
     dw_t = dsl.conv2d_backprop_filter(x_t, dy_t, layer.w_shape(),
                                       layer.para(res_dtype="float32", groups=layer.groups))
-    func, meta, seconds = _build([dw_t], [x_t, dy_t], f"bench_dw_{layer.name}")
+    kernel, seconds = fresh_build([dw_t], [x_t, dy_t], f"bench_dw_{layer.name}")
+    func, meta = kernel.func, kernel.meta
     dev = tvm.cpu()
     fz_shape = GroupLayout.from_weight(layer.w_shape(), layer.groups).fracz_shape
     args = [tvm.runtime.tensor(nchw_to_5hd(x).astype(dtype), dev),

@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from dsl.bench import Prepared, Workload, register, rel_err, tolerance, torch_peer
+from dsl.bench import Prepared, Workload, fresh_build, register, rel_err, tolerance, torch_peer
 
 SUITE = "convnd"
 
@@ -95,13 +93,7 @@ def _setup(layer: Layer, kind: str, dtype: str) -> Prepared:
             t is not None]
     inputs, _ = walk(outs)  # the placeholders this gradient reads
     arrays = {"grad_output": dy, "input": x, "weight": w}
-    with tempfile.TemporaryDirectory(prefix="dsl-bench-") as tmp:
-        t0 = time.perf_counter()
-        name = f"bench_{kind}_{layer.name}"
-        dsl.build(dsl.auto_schedule(outs), {"name": name, "tensor_list": [*inputs, *outs],
-                                            "kernel_meta_parent_dir": tmp})
-        seconds = time.perf_counter() - t0
-        kernel = dsl.load(name, tmp)
+    kernel, seconds = fresh_build(outs, inputs, f"bench_{kind}_{layer.name}")
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(arrays[t.op.name].astype(dtype), dev) for t in inputs]
     args += [tvm.runtime.tensor(np.zeros([int(d) for d in o.shape], str(o.dtype)), dev)

@@ -14,13 +14,11 @@ the same adds (plus zero adds where a stride does not divide the kernel).
 from __future__ import annotations
 
 import os
-import tempfile
-import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from dsl.bench import Prepared, Workload, register, rel_err, tolerance, torch_peer
+from dsl.bench import Prepared, Workload, fresh_build, register, rel_err, tolerance, torch_peer
 
 SUITE = "pool"
 
@@ -64,7 +62,6 @@ def _setup(layer: PoolLayer, dtype: str, layout: str) -> Prepared:
     import tvm
     from tvm import te
 
-    import dsl
     import targets
     from dsl.avg_pool2d_backward import avg_pool2d_backward, avg_pool2d_backward_5hd
     from dsl.layout import nc1hwc0_to_nchw, nchw_to_5hd
@@ -80,13 +77,7 @@ def _setup(layer: PoolLayer, dtype: str, layout: str) -> Prepared:
     x_t = te.placeholder(x_ours, name="self", dtype=dtype)
     op = avg_pool2d_backward_5hd if five else avg_pool2d_backward
     dx_t = op(dy_t, x_t, *layer.args())
-    name = f"bench_pool_dx_{layer.name}"
-    with tempfile.TemporaryDirectory(prefix="dsl-bench-") as tmp:  # a fresh build every time
-        t0 = time.perf_counter()
-        dsl.build(dsl.auto_schedule([dx_t]), {"name": name, "tensor_list": [dy_t, dx_t],
-                                              "kernel_meta_parent_dir": tmp})
-        seconds = time.perf_counter() - t0
-        kernel = dsl.load(name, tmp)
+    kernel, seconds = fresh_build([dx_t], [dy_t], f"bench_pool_dx_{layer.name}")
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(dy_ours.astype(dtype), dev),
             tvm.runtime.tensor(np.zeros(x_ours, dtype), dev)]
