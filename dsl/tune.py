@@ -689,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rpc-key", default=None, help="measure on RPC servers with this key")
     p.add_argument("--tracker", default=None, help="RPC tracker host:port")
     p.add_argument("--max-workers", type=int, default=1)
+    p.add_argument("--repeat", type=int, default=5,
+                   help="--bench: timed samples per side after tuning (median)")
+    p.add_argument("--json", default=None, metavar="PATH", help="--bench: write the table")
     p.add_argument("--no-resume", action="store_true",
                    help="run --trials new trials even if records exist")
     args = p.parse_args(argv)
@@ -719,41 +722,60 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _tune_bench(args, opts) -> int:
-    """Tune every kernel of the selected benchmark workloads; report default vs tuned vs
-    PyTorch GFLOP/s (the suite's own timing) and the tuning time per workload."""
-    from dsl.bench.runner import geomean, measure
+    """Tune every kernel of the selected benchmark workloads; then time the default schedule,
+    the tuned one and PyTorch side by side (alternating samples, medians) per workload."""
+    import targets as _targets
+    from dsl.bench.runner import fair_thread_env, geomean, measure_alternating
 
+    fair_thread_env(_targets.get(args.target or "host").cores)
     workloads = bench_workloads(args.suite, args.filter)
     if not workloads:
         print("no benchmark workloads match", file=sys.stderr)
         return 1
     rows, ok = [], True
-    for w in workloads:
-        with _env(tuning_db.ENV, "off"):  # the default schedule's time, whatever is tuned
-            kernels, prepared = kernels_of_workload(w)
-            default_s, peer_s = measure(prepared, 5, 0.03, True)
+    for i, w in enumerate(workloads, 1):
+        print(f"[{i}/{len(workloads)}] {w.name} {w.kind}", file=sys.stderr, flush=True)
+        with _env(tuning_db.ENV, "off"):  # the default schedule, whatever is tuned
+            kernels, default = kernels_of_workload(w)
         results = [tune(sch, args.trials, args.target, args.database, name=f"{w.name}:{label}",
                         **opts) for sch, label in kernels]
         ok = ok and all(r.error is None for r in results)
-        _, prepared = kernels_of_workload(w)
-        tuned_s, _ = measure(prepared, 5, 0.03, False)
-        rows.append({"workload": w.name, "kind": w.kind, "default": w.flops / default_s / 1e9,
-                     "tuned": w.flops / tuned_s / 1e9,
-                     "pytorch": w.flops / peer_s / 1e9 if peer_s else None,
+        _, tuned = kernels_of_workload(w)
+        err = tuned.check() if tuned.check is not None and tuned.peer is not None else None
+        if err is not None and not err <= tuned.tolerance:  # NaN fails too
+            print(f"{w.name} {w.kind}: the tuned kernel is wrong (relative error {err:.3g} vs "
+                  f"PyTorch); remove its records from {results[0].database}", file=sys.stderr)
+            ok = False
+        fns = [default.ours, tuned.ours] + ([tuned.peer] if tuned.peer is not None else [])
+        times = measure_alternating(fns, args.repeat, 0.03, 0.02)
+        gf = [w.flops / t / 1e9 for t in times]
+        rows.append({"workload": w.name, "kind": w.kind, "default": gf[0], "tuned": gf[1],
+                     "pytorch": gf[2] if len(gf) > 2 else None,
                      "tune_s": sum(r.seconds for r in results),
                      "trials": sum(r.trials for r in results),
+                     "records": sum(r.records for r in results),
                      "uses": "tuned" if any(r.accepted for r in results) else "default"})
         print(_bench_row(rows[-1]), flush=True)
-    ratio = geomean([r["tuned"] / r["pytorch"] for r in rows if r["pytorch"]])
-    print(f"geomean tuned/PyTorch: {ratio:.3f}" if ratio else "PyTorch not installed")
+    print()
+    for r in rows:
+        print(_bench_row(r))
+    for key, label in (("default", "default"), ("tuned", "tuned")):
+        ratio = geomean([r[key] / r["pytorch"] for r in rows if r["pytorch"]])
+        if ratio:
+            print(f"geomean {label}/PyTorch: {ratio:.3f}")
+    if args.json:
+        import json
+
+        with open(args.json, "w") as f:
+            json.dump({"trials": args.trials, "seed": args.seed, "rows": rows}, f, indent=1)
     return 0 if ok else 1
 
 
 def _bench_row(r: dict) -> str:
-    torch_txt = "-" if r["pytorch"] is None else f"{r['pytorch']:.2f}"
-    return (f"{r['workload']:28s} {r['kind']:8s} default {r['default']:8.2f}  tuned "
-            f"{r['tuned']:8.2f}  PyTorch {torch_txt:>8s} GFLOP/s  {r['trials']} trials "
-            f"{r['tune_s']:.0f}s  builds use the {r['uses']} schedule")
+    torch_txt = "-" if r["pytorch"] is None else f"{r['pytorch']:.1f}"
+    return (f"{r['workload']:34s} {r['kind']:9s} default {r['default']:7.1f}  tuned "
+            f"{r['tuned']:7.1f}  PyTorch {torch_txt:>7s} GFLOP/s  {r['trials']:4d} trials "
+            f"{r['tune_s']:6.0f} s  builds use the {r['uses']} schedule")
 
 
 @contextlib.contextmanager

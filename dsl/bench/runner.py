@@ -88,21 +88,41 @@ def _sample(fn, iters: int, settle: float = 0.0) -> float:
     return (time.perf_counter() - t0) / iters
 
 
+def measure_alternating(fns, repeat: int, min_time: float,
+                        settle: float = 0.0) -> list[float]:
+    """Median seconds per call of each function, sampled in turn (one sample of each per
+    round) so that load from other processes hits all of them alike."""
+    for fn in fns:
+        fn()  # warm caches, thread pools and lazy initialisation on every side
+    iters = [_calibrate(fn, min_time) for fn in fns]
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeat):
+        for fn, n, out in zip(fns, iters, samples):
+            out.append(_sample(fn, n, settle))
+    return [statistics.median(s) for s in samples]
+
+
 def measure(prep, repeat: int, min_time: float, use_peer: bool,
             settle: float = 0.0) -> tuple[float, float | None]:
     """Median seconds per iteration of ours and of the peer, sampled alternately."""
     peer = prep.peer if use_peer else None
-    prep.ours()  # warm caches, thread pools and lazy initialisation on both sides
-    if peer is not None:
-        peer()
-    n_ours = _calibrate(prep.ours, min_time)
-    n_peer = _calibrate(peer, min_time) if peer is not None else 0
-    ours, theirs = [], []
-    for _ in range(repeat):
-        ours.append(_sample(prep.ours, n_ours, settle))
-        if peer is not None:
-            theirs.append(_sample(peer, n_peer, settle))
-    return statistics.median(ours), (statistics.median(theirs) if theirs else None)
+    times = measure_alternating([prep.ours] + ([peer] if peer is not None else []),
+                                repeat, min_time, settle)
+    return times[0], (times[1] if peer is not None else None)
+
+
+def fair_thread_env(cores: int) -> None:
+    """Set both runtimes' thread settings for side-by-side timing (before either pool starts).
+
+    TVM sizes its thread pool once, when it first starts it, from TVM_NUM_THREADS; unset, it
+    takes half the logical CPUs (it assumes SMT), so ours would run on fewer threads than the
+    peer is given. Idle worker threads of either runtime must not spin while the other side
+    is timed: TVM's pool and PyTorch's OpenMP both busy-wait after a parallel region by
+    default, which steals the other's cores; both park at once here.
+    """
+    os.environ.setdefault("TVM_NUM_THREADS", str(cores))
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def geomean(values) -> float | None:
@@ -191,15 +211,7 @@ def main(argv=None) -> int:
     target = targets.get(args.target or "host")
     if args.threads is not None:
         target = target.with_cores(args.threads)
-    # TVM sizes its thread pool once, when it first starts it, from TVM_NUM_THREADS; unset, it
-    # takes half the logical CPUs (it assumes SMT), so ours would run on fewer threads than
-    # the peer is given
-    os.environ.setdefault("TVM_NUM_THREADS", str(target.cores))
-    # Idle worker threads of either runtime must not spin while the other side is timed: TVM's
-    # pool and PyTorch's OpenMP both busy-wait after a parallel region by default, which
-    # steals the other's cores. Both park at once here (set before either pool starts).
-    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    fair_thread_env(target.cores)
     suites = [s for s in args.suite.split(",") if s]
     pattern = re.compile(args.filter) if args.filter else None
     selected = [w for w in load_suites(suites)

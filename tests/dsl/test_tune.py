@@ -230,3 +230,48 @@ def test_bench_kernels_are_recorded(db):
     assert len(kernels) == 1 and kernels[0][1] == "bench_a"
     assert kernels[0][0].override is None  # tuned from the default schedule's workload
     assert isinstance(prepared, bench.Prepared)
+
+
+def test_cli_tunes_bench_workloads_and_times_default_tuned_and_peer(db, tmp_path,
+                                                                     monkeypatch, capsys):
+    import json
+
+    from dsl import bench
+
+    tune_mod = sys.modules["dsl.tune"]  # the module: ``dsl.tune`` is the function
+    calls = {"ours": 0, "peer": 0}
+
+    def setup():
+        w, dy, dx = seed_dx()
+        dsl.build(dsl.auto_schedule(dx), {"name": "bench_seed_dx", "tensor_list": [w, dy, dx]})
+        kernel = dsl.load("bench_seed_dx")
+        rng = np.random.default_rng(0)
+        w_np = rng.standard_normal((16, 16, 1, 1)).astype(np.float16)
+        dy_np = rng.standard_normal((1, 16, 7, 7)).astype(np.float16)
+        args = (weight_to_fracz(w_np, 1), nchw_to_5hd(dy_np))
+        expected = ref_dx(dy_np, w_np, (1, 16, 7, 7), (1, 1), (0, 0, 0, 0), (1, 1), 1)
+
+        def ours():
+            calls["ours"] += 1
+            return nc1hwc0_to_nchw(kernel(*args), 16)
+
+        def peer():
+            calls["peer"] += 1
+            return expected
+
+        return bench.Prepared(ours, peer, 0.0,
+                              check=lambda: bench.rel_err(ours(), expected), tolerance=2e-3)
+
+    workload = bench.Workload("tune-test", "seed_dx", "dx", 2.0 * 16 * 16 * 49, setup)
+    monkeypatch.setattr(tune_mod, "bench_workloads", lambda suites, name: [workload])
+    out_json = tmp_path / "tune.json"
+    rc = tune_main(["--bench", "--trials", "2", "--seed", "3", "--repeat", "2",
+                    "--json", str(out_json)])
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
+    (row,) = json.loads(out_json.read_text())["rows"]
+    assert row["workload"] == "seed_dx" and row["trials"] == 2
+    assert row["default"] > 0 and row["tuned"] > 0 and row["pytorch"] > 0
+    assert row["uses"] in ("tuned", "default")
+    assert "geomean tuned/PyTorch" in out and "geomean default/PyTorch" in out
+    assert calls["peer"] >= 2  # timed side by side, not skipped
