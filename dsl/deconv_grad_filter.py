@@ -152,20 +152,19 @@ def check_geometry(values: dict, names: dict | None = None) -> DeconvGeometry:
     del v["dy_batch"]
     geo = DeconvGeometry(**v)
     ah, aw = geo.axes(names)  # raises when no tap reaches dy along an axis
-    sizes = {"x": (names["batch"], math.prod(geo.x_shape)),
-             "dy": (names["dy_batch"], math.prod(geo.dy_shape)),
-             "dw": (names["kernel_h"], math.prod(geo.dw_shape)),
-             "padded dy": (names["out_h"], geo.batch * ah.tap_extent * aw.tap_extent
-                           * geo.out_c)}
-    for what, (param, n) in sizes.items():
+    # Each tensor's element count with the fields it grows with; an overflow names the
+    # largest of them (the likeliest typo), not whichever field comes first.
+    sizes = {"x": (math.prod(geo.x_shape), ("batch", "in_h", "in_w", "in_c")),
+             "dy": (math.prod(geo.dy_shape), ("dy_batch", "out_h", "out_w", "out_c")),
+             "dw": (math.prod(geo.dw_shape), ("kernel_h", "kernel_w", "in_c", "out_c")),
+             "padded dy": (geo.batch * ah.tap_extent * aw.tap_extent * geo.out_c,
+                           ("batch", "out_h", "out_w", "out_c", "kernel_h", "kernel_w"))}
+    for what, (n, fields) in sizes.items():
         if n > MAX_ELEMS:
-            raise fail(E_SHAPE, param, values[_field_of(names, param)],
+            field = max(fields, key=lambda f: values[f])
+            raise fail(E_SHAPE, names[field], values[field],
                        f"makes {what} {n} elements; at most {MAX_ELEMS} fit int32 indexing")
     return geo
-
-
-def _field_of(names: dict, param: str) -> str:
-    return next(f for f, n in names.items() if n == param)
 
 
 def _pair(param: str, value: object) -> tuple[object, object]:
