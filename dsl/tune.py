@@ -339,10 +339,9 @@ def _local_check(base: Schedule, store: tuning_db.WorkloadStore, db, result: Tun
     with it numerically, timed in alternating rounds (medians, so that load from other
     processes hits every side alike); record the decision (the tuned id, or None for the
     default)."""
-    import statistics
-
     import tvm
 
+    from dsl.bench.runner import alternating_medians
     from dsl.build import lower, random_inputs, verify_tuned
     from dsl.schedule import same_tensor
 
@@ -386,11 +385,7 @@ def _local_check(base: Schedule, store: tuning_db.WorkloadStore, db, result: Tun
             continue
         candidates.append((rid, trace, run_secs))
         sides.append(timer(rt_mod))
-    samples: list[list[float]] = [[] for _ in sides]
-    for _ in range(CHECK_ROUNDS):
-        for side, out in zip(sides, samples):
-            out.append(side())
-    times = [statistics.median(x) for x in samples]
+    times = alternating_medians(sides, CHECK_ROUNDS)
     result.default_seconds = times[0]
     common = {"default_seconds": times[0], "trials": result.records,
               "tuning_seconds": round(result.seconds, 3), "flops": result.flops}
@@ -740,10 +735,9 @@ def main(argv: list[str] | None = None) -> int:
 def _tune_bench(args, opts) -> int:
     """Tune every kernel of the selected benchmark workloads; then time the default schedule,
     the tuned one and PyTorch side by side (alternating samples, medians) per workload."""
-    import targets as _targets
     from dsl.bench.runner import fair_thread_env, geomean, measure_alternating
 
-    fair_thread_env(_targets.get(args.target or "host").cores)
+    fair_thread_env(targets.get(args.target or "host").cores)
     workloads = bench_workloads(args.suite, args.filter)
     if not workloads:
         print("no benchmark workloads match", file=sys.stderr)
@@ -757,10 +751,11 @@ def _tune_bench(args, opts) -> int:
                         **opts) for sch, label in kernels]
         ok = ok and all(r.error is None for r in results)
         _, tuned = kernels_of_workload(w)
-        err = tuned.check() if tuned.check is not None and tuned.peer is not None else None
-        if err is not None and not err <= tuned.tolerance:  # NaN fails too
-            print(f"{w.name} {w.kind}: the tuned kernel is wrong (relative error {err:.3g} vs "
-                  f"PyTorch); remove its records from {results[0].database}", file=sys.stderr)
+        try:
+            tuned.verify()
+        except ValueError as exc:
+            print(f"{w.name} {w.kind}: the tuned kernel gives a {exc}; remove its records "
+                  f"from {results[0].database}", file=sys.stderr)
             ok = False
         fns = [default.ours, tuned.ours] + ([tuned.peer] if tuned.peer is not None else [])
         times = measure_alternating(fns, args.repeat, 0.03, 0.02)
@@ -775,10 +770,10 @@ def _tune_bench(args, opts) -> int:
     print()
     for r in rows:
         print(_bench_row(r))
-    for key, label in (("default", "default"), ("tuned", "tuned")):
+    for key in ("default", "tuned"):
         ratio = geomean([r[key] / r["pytorch"] for r in rows if r["pytorch"]])
         if ratio:
-            print(f"geomean {label}/PyTorch: {ratio:.3f}")
+            print(f"geomean {key}/PyTorch: {ratio:.3f}")
     if args.json:
         import json
 

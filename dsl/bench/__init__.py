@@ -26,6 +26,19 @@ class Prepared:
     check: Callable[[], float] | None = None
     tolerance: float = 1e-3
 
+    def verify(self) -> float | None:
+        """Run ``check``: the relative error, or None when there is no check or no peer.
+
+        Raises ValueError above ``tolerance`` (NaN included).
+        """
+        if self.check is None or self.peer is None:
+            return None
+        err = self.check()
+        if not err <= self.tolerance:
+            raise ValueError(f"wrong result: relative error {err:.3g} vs the peer "
+                             f"(tolerance {self.tolerance:g})")
+        return err
+
 
 @dataclass(frozen=True)
 class Workload:
