@@ -9,9 +9,9 @@ import importlib
 import sys
 
 COMMANDS = {
-    "examples": ("dsl.examples_runner", "build, run and verify every example kernel"),
-    "bench": ("dsl.bench.runner", "benchmark suite: GFLOP/s vs PyTorch side by side"),
-    "tune": ("dsl.tune", "meta-schedule tuning into the tuning database"),
+    "examples": ("dsl.cli.examples", "build, run and verify every example kernel"),
+    "bench": ("dsl.cli.bench.runner", "benchmark suite: GFLOP/s vs PyTorch side by side"),
+    "tune": ("dsl.tuning.tune", "meta-schedule tuning into the tuning database"),
 }
 
 

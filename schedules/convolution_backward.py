@@ -1,4 +1,4 @@
-"""x86 schedule of ``convolution_backward`` (see :mod:`dsl.convolution_backward`).
+"""x86 schedule of ``convolution_backward`` (see :mod:`dsl.ops.convolution_backward`).
 
 The three reductions keep channels innermost, so every one is the same register-tiled
 outer-product loop nest:

@@ -6,7 +6,7 @@ import numpy as np
 
 import dsl
 from dsl import kernel_cache
-from dsl.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+from dsl.ops.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
 
 # Max |out - ref| / max(1, max|ref|) allowed per output dtype. Inputs are drawn exactly
 # representable in the input dtype, so the error is the fp32 accumulation (~1e-6 relative)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from dsl.examples_runner import discover, run_example
+from dsl.cli.examples import discover, run_example
 
 EXAMPLES = discover(Path(__file__).resolve().parents[2] / "examples")
 

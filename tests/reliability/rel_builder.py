@@ -48,7 +48,7 @@ def build(parent: str, name: str, variant: str) -> dict:
 
 def check_kernel(parent: str, name: str) -> str:
     """Load ``name`` and check its answer against the float64 reference; return its variant."""
-    from dsl.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+    from dsl.ops.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
 
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.dirname(here))
@@ -132,7 +132,7 @@ def main(argv: list[str]) -> None:
     elif mode == "hold-lock":
         from pathlib import Path
 
-        from dsl.build import _lock
+        from dsl.runtime.build import _lock
 
         meta = Path(parent) / "kernel_meta"
         meta.mkdir(parents=True, exist_ok=True)

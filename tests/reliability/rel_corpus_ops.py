@@ -208,7 +208,7 @@ add("te-avgpool-bool-dim", E_TYPE, "grad_output.shape",
 
 
 def _dgf(**kw):
-    from dsl.deconv_grad_filter import deconv_grad_filter
+    from dsl.ops.deconv_grad_filter import deconv_grad_filter
 
     dy = kw.pop("dy") if "dy" in kw else ph((1, 3, 3, 2), name="dy")
     x = kw.pop("x") if "x" in kw else ph((1, 3, 3, 2), name="x")

@@ -1,9 +1,9 @@
 """Concurrent and interrupted builds of one kernel_name, in real processes.
 
-Beyond tests/dsl/test_build.py (three identical builders): builders of two *different* kernels
-under one name racing with readers, SIGKILL at random moments of a build loop, a kill between
-the two renames of a publish, a kill while holding the lock, and stale files left behind.
-``RELIABILITY_FULL=1`` runs more kills and builders.
+Beyond tests/dsl/runtime/test_build.py (three identical builders): builders of two *different*
+kernels under one name racing with readers, SIGKILL at random moments of a build loop, a kill
+between the two renames of a publish, a kill while holding the lock, and stale files left
+behind. ``RELIABILITY_FULL=1`` runs more kills and builders.
 """
 
 from __future__ import annotations

@@ -197,7 +197,7 @@ def test_te_fracz_computes_match_numpy(ws, dtype):
 
 def test_out_hw_helper_agrees_with_geometry():
     """The strategies rely on helpers.out_hw; pin it to the library's own geometry."""
-    from dsl.conv_geometry import ConvAxis
+    from dsl.ops.conv_geometry import ConvAxis
 
     c = {"h": 9, "w": 7, "kh": 3, "kw": 2, "stride": (2, 3), "pads": (1, 0, 2, 1),
          "dil": (2, 1)}

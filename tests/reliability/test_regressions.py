@@ -17,7 +17,7 @@ from rel_builder import build, check_kernel, graph
 
 import dsl
 from dsl import kernel_cache
-from dsl.build import _lock
+from dsl.runtime.build import _lock
 
 
 def _mapped(path_part: str) -> int:

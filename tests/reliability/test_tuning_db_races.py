@@ -1,6 +1,6 @@
 """The tuning database under concurrent writers, SIGKILLed writers and corrupt files.
 
-Exercises :mod:`dsl.tuning_db` through its public functions only (append_line / read_lines,
+Exercises :mod:`dsl.tuning.database` through its public functions only (append_line / read_lines,
 and auto_schedule's look-up), with real processes.
 """
 

@@ -8,9 +8,9 @@ import pytest
 
 import schedules
 import targets
-from dsl.conv2d_backprop_filter import TAG as DW_TAG
-from dsl.conv2d_backprop_input import TAG as DX_TAG
-from dsl.layout import fracz_to_weight, nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+from dsl.ops.conv2d_backprop_filter import TAG as DW_TAG
+from dsl.ops.conv2d_backprop_input import TAG as DX_TAG
+from dsl.ops.layout import fracz_to_weight, nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
 from schedules.generic import schedule_generic
 
 from cases import CONV_CASES
@@ -66,7 +66,7 @@ def test_generic_fallback_is_correct(c):
     from tvm import te
 
     import dsl
-    from dsl.group import GroupLayout
+    from dsl.ops.group import GroupLayout
 
     ho, wo = out_hw(c)
     w_sizes = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])

@@ -9,9 +9,9 @@ from tvm import te
 
 import dsl
 import targets
-from dsl.conv2d_backprop_input import axis_phases
-from dsl.conv_geometry import ConvAxis
-from dsl.group import GroupLayout
+from dsl.ops.conv2d_backprop_input import axis_phases
+from dsl.ops.conv_geometry import ConvAxis
+from dsl.ops.group import GroupLayout
 
 from cases import C
 from helpers import out_hw, para

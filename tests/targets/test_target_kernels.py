@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import targets
-from dsl.layout import fracz_to_weight, nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+from dsl.ops.layout import fracz_to_weight, nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
 
 from cases import CONV_CASES, C
 from helpers import assert_close, case_id, dw_data, dw_kernel, dx_data, dx_kernel

@@ -1,0 +1,116 @@
+"""Benchmark workloads, registered by suite; ``dsl.bench.runner`` times and reports them.
+
+A workload module (``dsl/bench/conv2d.py``, ``pool.py``, ...) calls :func:`register` for each
+workload. ``setup()`` builds our kernel(s) and prepares data and returns a :class:`Prepared`
+whose ``ours`` / ``peer`` run one iteration each (``peer`` is None when PyTorch is absent) and
+whose optional ``check`` compares our result with the peer's at the benchmark's full size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Prepared:
+    """A ready-to-time workload: callables that each run one iteration."""
+
+    ours: Callable[[], object]
+    peer: Callable[[], object] | None
+    build_seconds: float
+    info: dict = field(default_factory=dict)
+    # Optional: runs ours once and returns max |ours - expected| / max |expected| (expected:
+    # the peer's result); the runner fails the row above ``tolerance``, so a fast wrong kernel
+    # never reaches the table.
+    check: Callable[[], float] | None = None
+    tolerance: float = 1e-3
+
+    def verify(self) -> float | None:
+        """Run ``check``: the relative error, or None when there is no check or no peer.
+
+        Raises ValueError above ``tolerance`` (NaN included).
+        """
+        if self.check is None or self.peer is None:
+            return None
+        err = self.check()
+        if not err <= self.tolerance:
+            raise ValueError(f"wrong result: relative error {err:.3g} vs the peer "
+                             f"(tolerance {self.tolerance:g})")
+        return err
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmark row. ``kind`` is the column it reports ("dx", "dw", "pool_dx", ...)."""
+
+    suite: str
+    name: str
+    kind: str
+    flops: float
+    setup: Callable[[], Prepared]
+
+
+def rel_err(ours, expected) -> float:
+    """``max |ours - expected| / max |expected|``, the measure every ``Prepared.check`` uses."""
+    import numpy as np
+
+    ours, expected = np.asarray(ours, np.float64), np.asarray(expected, np.float64)
+    return float(np.abs(ours - expected).max() / max(np.abs(expected).max(), 1e-30))
+
+
+def tolerance(dtype: str) -> float:
+    """Check tolerance vs a float32 peer: fp32 sums of up to ~10^4 products agree to ~1e-5;
+    fp16 inputs are rounded (2^-11) before our fp32 accumulation, the peer's are not."""
+    return 1e-3 if dtype == "float32" else 1e-2
+
+
+def fresh_build(outputs, inputs, name: str):
+    """Build with the default schedule into a throw-away ``kernel_meta`` (so nothing is
+    reused and the build time is real); returns ``(kernel, build seconds)``. The loaded
+    library stays mapped after the directory goes."""
+    import tempfile
+    import time
+
+    from dsl.runtime.build import build
+    from dsl.runtime.kernel import load
+    from dsl.runtime.schedule import auto_schedule
+
+    with tempfile.TemporaryDirectory(prefix="dsl-bench-") as tmp:
+        t0 = time.perf_counter()
+        build(auto_schedule(outputs), {"name": name, "tensor_list": [*inputs, *outputs],
+                                       "kernel_meta_parent_dir": tmp})
+        seconds = time.perf_counter() - t0
+        return load(name, tmp), seconds
+
+
+def torch_peer(threads: int):
+    """PyTorch with ``threads`` intra-op threads, or None when it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(threads)
+    return torch
+
+
+WORKLOADS: list[Workload] = []
+SUITES = ("conv2d", "convnd", "pool", "deconv")
+
+
+def register(workload: Workload) -> Workload:
+    WORKLOADS.append(workload)
+    return workload
+
+
+def load_suites(names=SUITES) -> list[Workload]:
+    """Import the suite modules (each registers its workloads) and return the workloads."""
+    import importlib
+
+    for name in names:
+        try:
+            importlib.import_module(f"dsl.cli.bench.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"dsl.cli.bench.{name}":
+                raise
+    return [w for w in WORKLOADS if w.suite in names]

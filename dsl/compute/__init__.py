@@ -1,1 +1,0 @@
-"""TBE's ``tbe.dsl.compute`` namespace (``from dsl.compute import cube_util``)."""

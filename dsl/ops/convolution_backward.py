@@ -1,0 +1,588 @@
+"""``convolution_backward``: gradients of a 1-D/2-D/3-D convolution, transposed or not (seed 002).
+
+Math
+----
+Forward (``transposed=False``), per spatial axis the :class:`dsl.conv_geometry.ConvAxis` map,
+``g = co // Cout_g``::
+
+    y[n, co, o] = sum_{ci < Cin_g, k} x[n, g*Cin_g + ci, o*s - pad_before + k*d] * W[co, ci, k]
+                  + bias[co]
+
+    grad_input[n, g*Cin_g+ci, i] = sum_{co in group g, (o, k): o*s = i + pad_before - k*d}
+                                   grad_output[n, co, o] * W[co, ci, k]
+    grad_weight[co, ci, k]      = sum_{n, o} grad_output[n, co, o] * x[n, g*Cin_g+ci, o*s-pb+k*d]
+    grad_bias[co]               = sum_{n, o} grad_output[n, co, o]
+
+(``o``, ``i``, ``k`` are multi-indices over the spatial axes; ``x`` reads zero outside its
+bounds.) A transposed forward (``transposed=True``, weight ``[Cin, Cout/groups, *k]``) is the
+adjoint of the plain convolution whose *input* is the transposed conv's output (size
+``(L-1)*s - pb - pa + (k-1)*d + output_padding + 1``) and whose *output* is the transposed conv's
+input, with ``pad_after' = pa - output_padding`` (may be negative: those rows are never read).
+So with that underlying convolution (``X`` = grad_output, ``Y`` = input)::
+
+    grad_input  = conv_forward(grad_output, W)            (a plain convolution)
+    grad_weight = the non-transposed grad_weight with x := grad_output, dy := input
+    grad_bias[c] = sum_{n, o} grad_output[n, c, o]
+
+Every index goes through ``ConvAxis``: ``dx_taps`` for the stride-phase gather of the plain
+grad_input (a strided dx visits ``ceil(k / step)`` taps, never zero-inserted rows), and
+``x_padded_size`` / ``dy_pad_before`` / ``dy_padded_size`` for the padded copies.
+
+Tensors (all plain layouts)
+---------------------------
+grad_output : ``(N, Cout, *out)``  NCL / NCHW / NCDHW, float32, float16 or bfloat16.
+input       : ``(N, Cin, *in)``    same rank; N or Cin may be 0 only in the numpy API.
+weight      : ``(Cout, Cin/groups, *k)``, or ``(Cin, Cout/groups, *k)`` when transposed.
+grad_input  : ``input.shape``,  dtype ``promote(input, grad_output)``.
+grad_weight : ``weight.shape``, dtype ``promote(weight, grad_output)``.
+grad_bias   : ``(Cout,)`` (ND), dtype of grad_output.
+
+``promote`` follows the seed ("the higher-precision of the two"): equal dtypes stay; float32
+with anything is float32; float16 with bfloat16 (neither is more precise) is float32, as in
+``torch.promote_types``.
+
+cube_math_type (emulating the Atlas A2 cube, which every mode supports)
+-----------------------------------------------------------------------
+The cube operands (grad_output / input / weight as each product reads them) are rounded once,
+each according to its own dtype, then multiplied and accumulated in float32; the result is
+cast to the output dtype.
+
+* 0 KEEP_DTYPE: no rounding.
+* 1 ALLOW_FP32_DOWN_PRECISION and 3 USE_HF32: float32 operands rounded to HF32; float16 and
+  bfloat16 operands stay as they are.
+* 2 USE_FP16: float32 and bfloat16 operands rounded to float16 (IEEE round-to-nearest-even,
+  overflow to inf, as a hardware cast does); float16 stays.
+
+HF32 rule implemented: sign and the 8-bit exponent kept, the mantissa rounded to its top 10
+explicit bits (11 with the implicit bit) by round-to-nearest, ties-to-even on the 13 dropped
+bits; a carry may bump the exponent (the largest finite values round to inf); inf and NaN pass
+unchanged; subnormals round the same way. grad_bias is a vector reduction, not a cube product:
+it is never rounded (float32 accumulation of grad_output as given).
+
+Decisions where the seed is silent
+----------------------------------
+* A 4-value 2-D ``padding`` is ``[top, bottom, left, right]`` (the order of seed 001's
+  ``para_dict['padding']``); ``nd`` values pad both sides of each axis.
+* ``output_padding`` must be ``< max(stride, dilation)`` per axis when transposed (PyTorch's
+  rule: a larger value adds rows no input reaches); it is ignored when not transposed.
+* ``bias_sizes`` may be None when ``output_mask[2]`` is False (the seed requires it only
+  when grad_bias is computed); when given it is checked.
+* The three inputs may have different dtypes (the seed's promotion rules imply it).
+* Empty input (N or C = 0): grad_input is empty, grad_weight zero (empty when C = 0) and
+  grad_bias the sum of grad_output (zero when N = 0), the math of ``y = conv(x, W) + bias``.
+  PyTorch returns a zero grad_bias for C = 0 too, although grad_output is then not empty; we
+  keep the math. The weight may be empty only along the dimension that counts input channels.
+* Atlas A2 behaviour throughout: KEEP_DTYPE accepts float32 and bfloat16 (the training-series
+  restrictions of the seed are hardware limits, not part of the operator).
+
+Stages (schedules find them by tag ``convolution_backward.<stage>``)
+-------------------------------------------------------------------
+``y_pack``  Y (grad_output, or input when transposed) channels-last ``[N, *rows, Cy]`` fp32,
+            zero rows before/after for the dx taps, rounded.
+``x_pack``  X (input, or grad_output when transposed) channels-last ``[N, *x_padded, Cx]``.
+``w_adj``   weight for the plain grad_input ``[*k_padded, Cout_g, Cin]`` (zero extra taps).
+``w_fwd``   weight for the transposed grad_input ``[*k, Cin_g', Cy]``.
+``dx_acc`` / ``fwd_acc``  fp32 ``[N, *spatial, C]`` (channels innermost: the vector axis).
+``dw_acc``  fp32 ``[*k, Cy, Cx_g]``.  ``db_acc``  fp32 ``[C]``.
+``grad_input`` / ``grad_weight`` / ``grad_bias``  the outputs (back to plain layout, cast).
+
+All requested gradients build into one kernel: separate loop nests (one parallel region each)
+that share the packed operands, so grad_input and grad_weight read grad_output's packed copy
+once between them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dsl.errors import (
+    E_CHANNEL,
+    E_GEOMETRY_IN,
+    E_GROUPS,
+    E_RANGE,
+    E_SHAPE,
+    E_TYPE,
+    E_VALUE,
+    SUPPORTED_FLOATS,
+    check_dtype,
+    check_int,
+    check_ints,
+    fail,
+    te_shape,
+)
+from dsl.ops.conv_geometry import ConvAxis
+
+TAG = "convolution_backward"
+ACC_DTYPE = "float32"
+KEEP_DTYPE, ALLOW_FP32_DOWN_PRECISION, USE_FP16, USE_HF32 = 0, 1, 2, 3
+CUBE_MATH_TYPES = {KEEP_DTYPE: "KEEP_DTYPE", ALLOW_FP32_DOWN_PRECISION:
+                   "ALLOW_FP32_DOWN_PRECISION", USE_FP16: "USE_FP16", USE_HF32: "USE_HF32"}
+FORMATS = {1: "NCL", 2: "NCHW", 3: "NCDHW"}
+AXIS_NAMES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
+INT32_MAX = 2**31 - 1
+
+
+def promote(a: str, b: str) -> str:
+    """The higher-precision of two float dtypes (float16 with bfloat16 gives float32)."""
+    return a if a == b else "float32"
+
+
+def operand_rounding(dtype: str, cube_math_type: int) -> str | None:
+    """How a cube operand of ``dtype`` is rounded: ``None``, ``"hf32"`` or ``"float16"``."""
+    if cube_math_type in (ALLOW_FP32_DOWN_PRECISION, USE_HF32) and dtype == "float32":
+        return "hf32"
+    if cube_math_type == USE_FP16 and dtype in ("float32", "bfloat16"):
+        return "float16"
+    return None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked call: the user's parameters and the underlying plain convolution.
+
+    The underlying convolution has input ``X`` (``Cx`` channels, ``axes[a].n_in`` long) and
+    output ``Y`` (``Cy`` channels, ``axes[a].n_out`` long), weight ``[Cy, Cx/groups, *k]``.
+    """
+
+    nd: int
+    transposed: bool
+    groups: int
+    output_mask: tuple[bool, bool, bool]
+    cube_math_type: int
+    grad_output_shape: tuple[int, ...]
+    input_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    dtypes: tuple[str, str, str]  # grad_output, input, weight
+    stride: tuple[int, ...]
+    pads: tuple[tuple[int, int], ...]  # (before, after) per spatial axis
+    dilation: tuple[int, ...]
+    output_padding: tuple[int, ...]
+    axes: tuple[ConvAxis, ...]
+
+    @property
+    def out_dtypes(self) -> tuple[str, str, str]:
+        go, x, w = self.dtypes
+        return promote(x, go), promote(w, go), go
+
+    @property
+    def empty(self) -> bool:
+        return 0 in self.input_shape[:2]
+
+    @property
+    def cx(self) -> int:
+        return (self.grad_output_shape if self.transposed else self.input_shape)[1]
+
+    @property
+    def cy(self) -> int:
+        return (self.input_shape if self.transposed else self.grad_output_shape)[1]
+
+    @property
+    def cxg(self) -> int:
+        return self.weight_shape[1]
+
+    @property
+    def cyg(self) -> int:
+        return self.cy // self.groups
+
+    def as_json(self) -> dict:
+        return {"nd": self.nd, "transposed": self.transposed, "groups": self.groups,
+                "output_mask": list(self.output_mask), "cube_math_type": self.cube_math_type,
+                "grad_output": list(self.grad_output_shape), "input": list(self.input_shape),
+                "weight": list(self.weight_shape), "dtypes": list(self.dtypes),
+                "stride": list(self.stride), "padding": [list(p) for p in self.pads],
+                "dilation": list(self.dilation), "output_padding": list(self.output_padding)}
+
+
+def _check_bool(param: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        try:
+            import numpy as np
+
+            if isinstance(value, np.bool_):
+                return bool(value)
+        except ImportError:  # pragma: no cover
+            pass
+        raise fail(E_TYPE, param, value, "must be True or False")
+    return value
+
+
+def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_shape,
+         weight_dtype, bias_sizes, stride, padding, dilation, transposed, output_padding,
+         groups, output_mask, cube_math_type=0) -> Plan:
+    """Check every parameter and shape relation of the seed on plain values; see the module
+    docstring. Raises :class:`dsl.DslError` (nothing is compiled before this passes)."""
+    transposed = _check_bool("transposed", transposed)
+    if isinstance(output_mask, (str, bytes)) or not isinstance(output_mask, Sequence):
+        if hasattr(output_mask, "tolist"):
+            output_mask = output_mask.tolist()
+        else:
+            raise fail(E_TYPE, "output_mask", output_mask,
+                       "must be a list of 3 bools [grad_input, grad_weight, grad_bias]")
+    if len(output_mask) != 3:
+        raise fail(E_SHAPE, "output_mask", output_mask,
+                   "must have 3 elements [grad_input, grad_weight, grad_bias]")
+    mask = tuple(_check_bool(f"output_mask[{i}]", m) for i, m in enumerate(output_mask))
+    cmt = check_int("cube_math_type", cube_math_type, lo=0, hi=3)
+    groups = check_int("groups", groups, lo=1, hi=INT32_MAX, code=E_GROUPS)
+
+    w = check_ints("weight.shape", weight_shape, (3, 4, 5), lo=0, code=E_SHAPE)
+    rank = len(w)
+    nd = rank - 2
+    fmt = FORMATS[nd]
+    go = check_ints("grad_output.shape", grad_output_shape, rank, lo=0, code=E_SHAPE)
+    x = check_ints("input.shape", input_shape, rank, lo=0, code=E_SHAPE)
+    dtypes = (check_dtype("grad_output.dtype", grad_output_dtype, SUPPORTED_FLOATS),
+              check_dtype("input.dtype", input_dtype, SUPPORTED_FLOATS),
+              check_dtype("weight.dtype", weight_dtype, SUPPORTED_FLOATS))
+
+    stride = check_ints("stride", stride, nd, lo=1, hi=INT32_MAX)
+    pad_lens = (nd, 4) if nd == 2 else (nd,)
+    pad = check_ints("padding", padding, pad_lens, lo=0, hi=INT32_MAX)
+    pads = tuple((p, p) for p in pad) if len(pad) == nd else ((pad[0], pad[1]), (pad[2], pad[3]))
+    dil = check_ints("dilation", dilation, nd, lo=1, hi=INT32_MAX)
+    opad = check_ints("output_padding", output_padding, nd, lo=0, hi=INT32_MAX)
+    if transposed:
+        for a in range(nd):
+            if opad[a] >= max(stride[a], dil[a]):
+                raise fail(E_RANGE, f"output_padding[{a}]", opad[a],
+                           f"must be smaller than max(stride[{a}], dilation[{a}]) = "
+                           f"{max(stride[a], dil[a])}: larger values add output rows no input "
+                           "reaches")
+
+    # zero-size dims: only input N or C (the seed), and what they force elsewhere
+    x_empty_c = x[1] == 0
+    w_c_dim = 0 if transposed else 1  # the weight dim that counts input channels
+    for i, d in enumerate(w):
+        if d == 0 and not (i == w_c_dim and x_empty_c):
+            raise fail(E_SHAPE, f"weight.shape[{i}]", d,
+                       "must be >= 1: the weight may not be empty (only input N or C may be 0)")
+    for i, d in enumerate(x[2:]):
+        if d == 0:
+            raise fail(E_SHAPE, f"input.shape[{i + 2}]", d,
+                       "must be >= 1: only input N or C may be 0")
+    for i, d in enumerate(go):
+        if d == 0 and not (i == 0 and x[0] == 0):
+            raise fail(E_SHAPE, f"grad_output.shape[{i}]", d,
+                       "must be >= 1 (grad_output may be empty only through input N = 0)")
+
+    if go[0] != x[0]:
+        raise fail(E_SHAPE, "grad_output.shape[0]", go[0],
+                   f"must equal the batch input.shape[0]={x[0]}")
+    if transposed:
+        if x[1] != w[0]:
+            raise fail(E_CHANNEL, "input.shape[1]", x[1],
+                       f"must equal weight.shape[0]={w[0]} (transposed weight is "
+                       f"[Cin, Cout/groups, *k])")
+        if w[0] % groups:
+            raise fail(E_GROUPS, "groups", groups,
+                       f"must divide weight.shape[0]={w[0]} (the input channels)")
+        if go[1] != w[1] * groups:
+            raise fail(E_CHANNEL, "grad_output.shape[1]", go[1],
+                       f"must equal weight.shape[1] * groups = {w[1]} * {groups}")
+    else:
+        if x[1] != w[1] * groups:
+            raise fail(E_CHANNEL, "input.shape[1]", x[1],
+                       f"must equal weight.shape[1] * groups = {w[1]} * {groups} "
+                       f"= {w[1] * groups}")
+        if w[0] % groups:
+            raise fail(E_GROUPS, "groups", groups,
+                       f"must divide weight.shape[0]={w[0]} (the output channels)")
+        if go[1] != w[0]:
+            raise fail(E_CHANNEL, "grad_output.shape[1]", go[1],
+                       f"must equal weight.shape[0]={w[0]}")
+
+    names = AXIS_NAMES[nd]
+    axes = []
+    for a in range(nd):
+        k, s, d, (pb, pa) = w[2 + a], stride[a], dil[a], pads[a]
+        if transposed:
+            expect = (x[2 + a] - 1) * s - pb - pa + (k - 1) * d + opad[a] + 1
+            if expect < 1:
+                raise fail(E_GEOMETRY_IN, f"padding ({names[a]})", (pb, pa),
+                           f"leaves a transposed output {names[a]} of {expect} < 1; pad less")
+            if go[2 + a] != expect:
+                raise fail(E_GEOMETRY_IN, f"grad_output {names[a]}", go[2 + a],
+                           f"must be (in-1)*stride - pad_before - pad_after + (k-1)*dilation"
+                           f" + output_padding + 1 = ({x[2 + a]}-1)*{s} - {pb} - {pa} + "
+                           f"({k}-1)*{d} + {opad[a]} + 1 = {expect}")
+            axes.append(ConvAxis.checked(names[a], go[2 + a], x[2 + a], k, s, pb,
+                                         pa - opad[a], d, out_param="input"))
+        else:
+            axes.append(ConvAxis.checked(names[a], x[2 + a], go[2 + a], k, s, pb, pa, d,
+                                         out_param="grad_output"))
+
+    bias_expect = w[1] * groups if transposed else w[0]
+    if bias_sizes is None:
+        if mask[2]:
+            raise fail(E_VALUE, "bias_sizes", None,
+                       f"is required when output_mask[2] (grad_bias) is True: pass "
+                       f"[{bias_expect}]")
+    else:
+        b = check_ints("bias_sizes", bias_sizes, 1, lo=0, code=E_SHAPE)
+        if b[0] != bias_expect:
+            rule = ("weight.shape[1] * groups" if transposed else "weight.shape[0]")
+            raise fail(E_CHANNEL, "bias_sizes", list(b),
+                       f"must be [{rule}] = [{bias_expect}] ({fmt} "
+                       f"{'transposed' if transposed else 'plain'} convolution)")
+
+    p = Plan(nd, transposed, groups, mask, cmt, go, x, w, dtypes, stride, pads, dil, opad,
+             tuple(axes))
+    _check_sizes(p)
+    return p
+
+
+def _check_sizes(p: Plan) -> None:
+    """Every buffer the kernel allocates must be int32-indexable."""
+    n = p.input_shape[0]
+    sizes = {"grad_output": math.prod(p.grad_output_shape), "input": math.prod(p.input_shape),
+             "weight": math.prod(p.weight_shape),
+             "padded X": n * p.cx * math.prod(a.x_padded_size for a in p.axes),
+             "padded Y": n * p.cy * math.prod(a.dy_padded_size for a in p.axes)}
+    for what, total in sizes.items():
+        if total > INT32_MAX:
+            raise fail(E_SHAPE, what, total,
+                       f"has {total} elements; at most {INT32_MAX} fit the kernels' int32 "
+                       "indexing: split the batch")
+
+
+# --- TE ------------------------------------------------------------------------------------
+
+def _hf32(v):
+    """Round a float32 TIR value to HF32 (see the module docstring for the rule)."""
+    from tvm import tirx
+
+    u = "uint32"
+    bits = tirx.reinterpret(u, v)
+    lsb = (bits >> tirx.const(13, u)) & tirx.const(1, u)
+    rounded = (bits + tirx.const(0xFFF, u) + lsb) & tirx.const(0xFFFFE000, u)
+    special = (bits & tirx.const(0x7F800000, u)) == tirx.const(0x7F800000, u)
+    return tirx.reinterpret(ACC_DTYPE, tirx.Select(special, bits, rounded))
+
+
+def _operand(v, dtype: str, cube_math_type: int):
+    """A cube operand as the float32 the product sees (rounded per cube_math_type)."""
+    r = operand_rounding(dtype, cube_math_type)
+    f = v.astype(ACC_DTYPE)
+    if r == "hf32":
+        return _hf32(f)
+    if r == "float16":
+        return f.astype("float16").astype(ACC_DTYPE)
+    return f
+
+
+
+
+def _all(conds):
+    from tvm import tirx
+
+    conds = [c for c in conds if c is not None]
+    return tirx.all(*conds) if conds else None
+
+
+def _guard(cond, val, dtype=ACC_DTYPE):
+    from tvm import te, tirx
+
+    return val if cond is None else te.if_then_else(cond, val, tirx.const(0, dtype))
+
+
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,  # noqa: A002
+                         transposed, output_padding, groups, output_mask, cube_math_type=0):
+    """Gradients of a 1-D/2-D/3-D (transposed) convolution as TE tensors.
+
+    Parameters
+    ----------
+    grad_output : te.Tensor
+        ``(N, Cout, *out)`` NCL / NCHW / NCDHW; float32, float16 or bfloat16.
+    input : te.Tensor
+        The forward input ``(N, Cin, *in)``, same rank.
+    weight : te.Tensor
+        ``(Cout, Cin/groups, *k)``; ``(Cin, Cout/groups, *k)`` when ``transposed``.
+    bias_sizes : sequence of 1 int or None
+        ``[weight.shape[0]]`` (``[weight.shape[1] * groups]`` when transposed); may be None
+        when ``output_mask[2]`` is False.
+    stride, dilation : sequence of ``nd`` int (>= 1)
+    padding : sequence of ``nd`` int (both sides), or for 2-D 4 ints
+        ``[top, bottom, left, right]``.
+    transposed : bool
+    output_padding : sequence of ``nd`` int
+        Extra rows at the end of a transposed output (``< max(stride, dilation)``); ignored
+        when not transposed.
+    groups : int
+    output_mask : sequence of 3 bool
+        Which of ``(grad_input, grad_weight, grad_bias)`` to compute.
+    cube_math_type : int
+        0 KEEP_DTYPE, 1 ALLOW_FP32_DOWN_PRECISION, 2 USE_FP16, 3 USE_HF32 (module docstring).
+
+    Returns
+    -------
+    tuple
+        ``(grad_input, grad_weight, grad_bias)`` te.Tensors, None where the mask is False.
+        Build them together: ``dsl.auto_schedule([t for t in res if t is not None])``.
+    """
+    go_shape = te_shape("grad_output", grad_output)
+    x_shape = te_shape("input", input)
+    w_shape = te_shape("weight", weight)
+    p = plan(go_shape, str(grad_output.dtype), x_shape, str(input.dtype), w_shape,
+             str(weight.dtype), bias_sizes, stride, padding, dilation, transposed,
+             output_padding, groups, output_mask, cube_math_type)
+    if p.empty:
+        raise fail(E_SHAPE, "input.shape", x_shape,
+                   "has N or C = 0: no kernel is needed; dsl.aclnn.convolution_backward "
+                   "returns the (empty / zero) gradients of such a call without compiling")
+    return _build(p, grad_output, input, weight)
+
+
+def _build(p: Plan, grad_output, input, weight):  # noqa: A002
+    from tvm import te
+
+    nd, axes, g_n, cmt = p.nd, p.axes, p.groups, p.cube_math_type
+    n = p.input_shape[0]
+    cx, cy, cxg, cyg = p.cx, p.cy, p.cxg, p.cyg
+    xt, yt = (grad_output, input) if p.transposed else (input, grad_output)
+    need_adj = p.output_mask[0] and not p.transposed
+    need_fwd = p.output_mask[0] and p.transposed
+    need_dw = p.output_mask[1]
+    gi_dtype, gw_dtype, gb_dtype = p.out_dtypes
+    x_dtype, y_dtype, w_dtype = str(xt.dtype), str(yt.dtype), str(weight.dtype)
+    k_sizes = tuple(a.kernel for a in axes)
+
+    def grp_x(cxx):  # group of an X channel
+        return 0 if g_n == 1 else cxx // cxg
+
+    def grp_y(cyy):
+        return 0 if g_n == 1 else cyy // cyg
+
+    # --- packs ----------------------------------------------------------------------------
+    yp = xp = None
+    y_off = tuple(a.dy_pad_before if need_adj else 0 for a in axes)
+    if need_adj or need_dw:
+        rows = tuple(a.dy_padded_size if need_adj else a.n_out for a in axes)
+
+        def y_body(b, *rest):
+            *r, c = rest
+            src = [ri - off for ri, off in zip(r, y_off)]
+            conds = []
+            for s_, off, size, a in zip(src, y_off, rows, axes):
+                if off:
+                    conds.append(s_ >= 0)
+                if size > off + a.n_out:
+                    conds.append(s_ < a.n_out)
+            ok = _all(conds)
+            if ok is not None:  # clamp so the guarded-off read stays in bounds
+                src = [te.max(te.min(s_, a.n_out - 1), 0) for s_, a in zip(src, axes)]
+            return _guard(ok, _operand(yt[(b, c, *src)], y_dtype, cmt))
+
+        yp = te.compute((n, *rows, cy), y_body, name="cb_y_pack", tag=f"{TAG}.y_pack")
+    if need_fwd or need_dw:
+        def x_body(b, *rest):
+            *r, c = rest
+            src = [ri - a.pad_before for ri, a in zip(r, axes)]
+            conds = []
+            for s_, a in zip(src, axes):
+                if a.pad_before:
+                    conds.append(s_ >= 0)
+                if a.x_padded_size > a.pad_before + a.n_in:
+                    conds.append(s_ < a.n_in)
+            ok = _all(conds)
+            if ok is not None:
+                src = [te.max(te.min(s_, a.n_in - 1), 0) for s_, a in zip(src, axes)]
+            return _guard(ok, _operand(xt[(b, c, *src)], x_dtype, cmt))
+
+        xp = te.compute((n, *(a.x_padded_size for a in axes), cx), x_body, name="cb_x_pack",
+                        tag=f"{TAG}.x_pack")
+
+    outs = [None, None, None]
+    go_fmt = FORMATS[nd]
+    formats = {grad_output.op.name: go_fmt, input.op.name: go_fmt, weight.op.name: go_fmt,
+               "grad_input": go_fmt, "grad_weight": go_fmt, "grad_bias": "ND"}
+    attrs = {"dsl_op": TAG, "dsl_params": json.dumps(p.as_json(), sort_keys=True),
+             "dsl_formats": json.dumps(formats, sort_keys=True)}
+
+    # --- grad_input -------------------------------------------------------------------------
+    if need_adj:
+        kp = tuple(a.padded_kernel for a in axes)
+
+        def wa_body(*idx):
+            *k, co, c = idx
+            conds = [(kk < a.kernel) if a.padded_kernel != a.kernel else None
+                     for kk, a in zip(k, axes)]
+            ok = _all(conds)
+            ks = [te.min(kk, a.kernel - 1) if a.padded_kernel != a.kernel else kk
+                  for kk, a in zip(k, axes)]
+            ci = c if g_n == 1 else c % cxg
+            val = weight[(grp_x(c) * cyg + co, ci, *ks)]
+            return _guard(ok, _operand(val, w_dtype, cmt))
+
+        wa = te.compute((*kp, cyg, cx), wa_body, name="cb_w_adj", tag=f"{TAG}.w_adj")
+        jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
+        rco = te.reduce_axis((0, cyg), name="co")
+
+        def dx_body(b, *rest):
+            *i, c = rest
+            ks, rows, conds = [], [], []
+            for ii, j, a in zip(i, jr, axes):
+                k, row, cond = a.dx_taps(ii, j)
+                ks.append(k)
+                rows.append(row)
+                conds.append(cond)
+            ch = rco if g_n == 1 else grp_x(c) * cyg + rco
+            prod = yp[(b, *rows, ch)] * wa[(*ks, rco, c)]
+            return te.sum(_guard(_all(conds), prod), axis=[*jr, rco])
+
+        acc = te.compute((n, *(a.n_in for a in axes), cx), dx_body, name="cb_dx_acc",
+                         tag=f"{TAG}.dx_acc")
+        outs[0] = te.compute(p.input_shape,
+                             lambda b, c, *s: acc[(b, *s, c)].astype(gi_dtype),
+                             name="grad_input", tag=f"{TAG}.grad_input", attrs=attrs)
+    if need_fwd:
+        wf = te.compute((*k_sizes, cxg, cy),
+                        lambda *idx: _operand(weight[(idx[-1], idx[-2], *idx[:-2])], w_dtype,
+                                              cmt),
+                        name="cb_w_fwd", tag=f"{TAG}.w_fwd")
+        kr = [te.reduce_axis((0, a.kernel), name=f"k{i}") for i, a in enumerate(axes)]
+        rci = te.reduce_axis((0, cxg), name="ci")
+
+        def fwd_body(b, *rest):
+            *o, c = rest
+            pos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(o, kr, axes)]
+            ch = rci if g_n == 1 else grp_y(c) * cxg + rci
+            return te.sum(xp[(b, *pos, ch)] * wf[(*kr, rci, c)], axis=[*kr, rci])
+
+        acc = te.compute((n, *(a.n_out for a in axes), cy), fwd_body, name="cb_fwd_acc",
+                         tag=f"{TAG}.fwd_acc")
+        outs[0] = te.compute(p.input_shape,
+                             lambda b, c, *s: acc[(b, *s, c)].astype(gi_dtype),
+                             name="grad_input", tag=f"{TAG}.grad_input", attrs=attrs)
+
+    # --- grad_weight ------------------------------------------------------------------------
+    if need_dw:
+        rn = te.reduce_axis((0, n), name="n")
+        orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
+
+        def dw_body(*idx):
+            *k, c, ci = idx
+            ypos = [oo + off for oo, off in zip(orr, y_off)]
+            xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
+            ch = ci if g_n == 1 else grp_y(c) * cxg + ci
+            return te.sum(yp[(rn, *ypos, c)] * xp[(rn, *xpos, ch)], axis=[rn, *orr])
+
+        acc = te.compute((*k_sizes, cy, cxg), dw_body, name="cb_dw_acc", tag=f"{TAG}.dw_acc")
+        outs[1] = te.compute(p.weight_shape,
+                             lambda c, ci, *k: acc[(*k, c, ci)].astype(gw_dtype),
+                             name="grad_weight", tag=f"{TAG}.grad_weight", attrs=attrs)
+
+    # --- grad_bias --------------------------------------------------------------------------
+    if p.output_mask[2]:
+        rn = te.reduce_axis((0, n), name="bn")
+        orr = [te.reduce_axis((0, d), name=f"bo{i}") for i, d in
+               enumerate(p.grad_output_shape[2:])]
+        db = te.compute((p.grad_output_shape[1],),
+                        lambda c: te.sum(grad_output[(rn, c, *orr)].astype(ACC_DTYPE),
+                                         axis=[rn, *orr]),
+                        name="cb_db_acc", tag=f"{TAG}.db_acc")
+        outs[2] = te.compute((p.grad_output_shape[1],), lambda c: db[c].astype(gb_dtype),
+                             name="grad_bias", tag=f"{TAG}.grad_bias", attrs=attrs)
+    return tuple(outs)

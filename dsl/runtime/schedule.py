@@ -1,0 +1,134 @@
+"""``auto_schedule``: pick the registered schedule rule for a compute on the current target."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import targets
+from dsl.errors import E_VALUE, fail
+
+
+def _as_list(res) -> list:
+    from tvm import te
+
+    outs = list(res) if isinstance(res, (list, tuple)) else [res]
+    if not outs or not all(isinstance(t, te.Tensor) for t in outs):
+        raise fail(E_VALUE, "res", res, "must be a te.Tensor or a list of te.Tensor")
+    return outs
+
+
+def same_tensor(a, b) -> bool:
+    """True if two te.Tensor handles name the same tensor (handles are not unique objects)."""
+    return a.op.same_as(b.op) and a.value_index == b.value_index
+
+
+def walk(outputs) -> tuple[list, list]:
+    """``(placeholders, computes)`` reachable from ``outputs``, placeholders in first-use
+    order (the default argument order), computes producers-first."""
+    from tvm import te
+
+    seen, placeholders, computes = set(), [], []
+
+    def visit(op):
+        if op in seen:
+            return
+        seen.add(op)
+        if isinstance(op, te.PlaceholderOp):
+            placeholders.append(op.output(0))
+            return
+        for t in op.input_tensors:
+            visit(t.op)
+        computes.append(op)
+
+    for t in outputs:
+        visit(t.op)
+    return placeholders, computes
+
+
+@dataclass
+class Schedule:
+    """What ``auto_schedule`` returns and ``build`` consumes.
+
+    The s_tir schedule is made per argument order (``build``'s ``tensor_list``), so this holds
+    the outputs, the target and the rule; :meth:`s_tir` applies the rule.
+    """
+
+    outputs: list
+    target: targets.CpuTarget
+    rule_name: str
+    anchor_tag: str
+    override: object = None  # a tuned trace (set by dsl.tune) replacing the rule
+    # What build writes to the JSON "schedule" entry (source, trace, measured time...).
+    schedule_meta: dict | None = None
+
+    def default_tensor_list(self) -> list:
+        placeholders, _ = walk(self.outputs)
+        return [*placeholders, *self.outputs]
+
+    def workload(self):
+        from schedules import Workload
+
+        _, computes = walk(self.outputs)
+        blocks = {op.tag: op.name for op in computes if op.tag}
+        anchor = self.outputs[0].op
+        attrs = {str(k): (str(v) if not isinstance(v, (int, float)) else v)
+                 for k, v in (anchor.attrs.items() if anchor.attrs else [])}
+        return Workload(self.anchor_tag, blocks, attrs, self.target)
+
+    def prim_func(self, tensor_list=None):
+        from tvm import te
+
+        return te.create_prim_func(list(tensor_list or self.default_tensor_list()))
+
+    def s_tir(self, tensor_list=None):
+        """The ``tvm.s_tir.Schedule`` of this kernel with its rule applied."""
+        import tvm
+
+        from schedules import lookup
+
+        sch = tvm.s_tir.Schedule(self.prim_func(tensor_list))
+        if self.override is not None:
+            self.override(sch)
+        else:
+            _, rule = lookup(self.anchor_tag, self.target)
+            rule(sch, self.workload())
+        return sch
+
+    def op_info(self) -> dict:
+        """The anchor op's name, parameters and tensor formats (for the kernel's JSON)."""
+        attrs = self.workload().attrs
+        return {"op": attrs.get("dsl_op", self.anchor_tag or self.outputs[0].op.name),
+                "params": json.loads(attrs.get("dsl_params", "{}")),
+                "formats": json.loads(attrs.get("dsl_formats", "{}"))}
+
+
+@dataclass
+class TuningHooks:
+    """Where the tuning layer plugs in. :mod:`dsl.tuning` sits above the runtime and sets
+    these when it is imported (``import dsl`` does), so the runtime never imports it."""
+
+    apply: object = None  # apply(sch): point sch at its accepted tuned record, if any
+    reject: object = None  # reject(schedule_meta, reason): a record failed re-verification
+
+
+TUNING_HOOKS = TuningHooks()
+
+
+def auto_schedule(res, target=None) -> Schedule:
+    """Choose the schedule for ``res`` (a tensor or list of output tensors).
+
+    ``target`` defaults to :func:`targets.current` (host unless inside ``targets.use(...)``).
+    When the tuning database (:mod:`dsl.tuning.database`) holds an accepted record for this workload
+    on this target, the schedule replays its trace instead of the registered rule.
+    """
+    from schedules import lookup
+
+    outs = _as_list(res)
+    tgt = targets.get(target) if target is not None else targets.current()
+    tag = outs[0].op.tag
+    name, _ = lookup(tag, tgt)
+    sch = Schedule(outs, tgt, name, tag)
+    if TUNING_HOOKS.apply is not None:
+        TUNING_HOOKS.apply(sch)  # a tuned record for this workload and target replaces the rule
+    return sch

@@ -1,0 +1,324 @@
+"""dsl.api.aclnn.convolution_backward (seed 002) on numpy arrays: against the float64 reference,
+against ``torch.ops.aten.convolution_backward``, cube_math_type rounding, dtypes, masks, empty
+inputs and the build-once cache."""
+
+import numpy as np
+import pytest
+
+import dsl
+import dsl.api.aclnn
+from dsl import kernel_cache
+
+from helpers import HAVE_TORCH, TOL, assert_close, rand
+from reference import convolution_backward as ref_cb
+from reference import round_hf32
+
+ALL = (True, True, True)
+
+
+def geometry(nd, n, cin, cout, size, k, stride=1, pad=0, dil=1, groups=1, transposed=False,
+             opad=0):
+    """A call as a dict; scalars broadcast over the ``nd`` spatial axes; ``pad`` may be a
+    list of (before, after) pairs."""
+    def vec(v):
+        return tuple(v) if isinstance(v, (tuple, list)) else (v,) * nd
+
+    size, k, stride, dil, opad = map(vec, (size, k, stride, dil, opad))
+    pads = tuple(pad) if isinstance(pad, list) else tuple((p, p) for p in vec(pad))
+    if transposed:
+        out = tuple((i - 1) * s - pb - pa + d * (kk - 1) + op + 1
+                    for i, s, (pb, pa), d, kk, op in zip(size, stride, pads, dil, k, opad))
+        w = (cin, cout // groups, *k)
+    else:
+        out = tuple((i + pb + pa - d * (kk - 1) - 1) // s + 1
+                    for i, s, (pb, pa), d, kk in zip(size, stride, pads, dil, k))
+        w = (cout, cin // groups, *k)
+    return {"nd": nd, "x": (n, cin, *size), "w": w, "dy": (n, cout, *out), "stride": stride,
+            "pads": pads, "dil": dil, "groups": groups, "transposed": transposed,
+            "opad": opad, "cout": cout}
+
+
+def gid(c):
+    return "{}d{}_x{}_w{}_s{}_p{}_d{}_op{}_g{}".format(
+        c["nd"], "T" if c["transposed"] else "", "x".join(map(str, c["x"][1:])),
+        "x".join(map(str, c["w"][2:])), "".join(map(str, c["stride"])),
+        "".join(f"{a}{b}" for a, b in c["pads"]), "".join(map(str, c["dil"])),
+        "".join(map(str, c["opad"])), c["groups"])
+
+
+def padding_arg(c):
+    """The API's padding: per-axis when symmetric, else the 2-D [top, bottom, left, right]."""
+    if all(a == b for a, b in c["pads"]):
+        return [a for a, _ in c["pads"]]
+    assert c["nd"] == 2
+    return [v for pair in c["pads"] for v in pair]
+
+
+def data(c, dtypes=("float32",) * 3, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rand(rng, c["dy"], dtypes[0]), rand(rng, c["x"], dtypes[1]),
+            rand(rng, c["w"], dtypes[2]))
+
+
+def call(c, dy, x, w, mask=ALL, cmt=0):
+    return dsl.aclnn.convolution_backward(
+        dy, x, w, [c["cout"]], list(c["stride"]), padding_arg(c), list(c["dil"]),
+        c["transposed"], list(c["opad"]), c["groups"], list(mask), cmt)
+
+
+def reference(c, dy, x, w):
+    return ref_cb(dy, x, w, c["stride"], c["pads"], c["dil"], c["transposed"], c["opad"],
+                  c["groups"])
+
+
+G = geometry
+CASES = [
+    G(1, 2, 5, 6, 11, 3, 1, 1),                                  # 1-D plain
+    G(1, 1, 4, 6, 13, 3, 2, 0, 2, groups=2),                     # 1-D grouped, stride, dil
+    G(1, 2, 6, 6, 12, 4, 3, 2, groups=6),                        # 1-D depthwise, stride 3
+    G(1, 2, 5, 3, 6, 3, 2, 1, transposed=True, opad=1),          # 1-D transposed
+    G(1, 1, 4, 4, 7, 3, 2, 0, 2, groups=4, transposed=True, opad=1),  # 1-D T depthwise
+    G(2, 1, 3, 5, (7, 8), (3, 2), (2, 1), (1, 0), (1, 2)),       # 2-D mixed per-axis params
+    G(2, 2, 6, 6, 9, 3, 2, 2, 2, groups=3),                      # 2-D gcd(stride, dil) > 1
+    G(2, 1, 4, 8, 7, 3, 2, 1, groups=4),                         # 2-D depthwise multiplier 2
+    G(2, 1, 3, 4, (6, 7), 3, 2, [(0, 2), (1, 0)]),               # 2-D 4-value padding
+    G(2, 2, 4, 6, (4, 5), 3, (2, 3), 1, groups=2, transposed=True, opad=(1, 2)),  # 2-D T grp
+    G(2, 1, 6, 6, 5, 3, 2, 1, groups=6, transposed=True, opad=1),  # 2-D T depthwise
+    G(2, 1, 3, 2, (4, 3), (3, 2), 2, [(1, 0), (0, 1)], transposed=True, opad=(1, 0)),  # T pad4
+    G(3, 1, 3, 4, (5, 6, 5), 3, 2, 1),                           # 3-D plain stride 2
+    G(3, 2, 4, 4, 5, (2, 3, 2), 1, (1, 0, 1), (2, 1, 2), groups=2),  # 3-D grouped dilated
+    G(3, 1, 4, 3, (3, 4, 3), 3, 2, 1, transposed=True, opad=1),  # 3-D transposed
+    G(3, 1, 4, 4, 4, 2, (1, 2, 2), 0, groups=4, transposed=True, opad=(0, 1, 1)),  # 3-D T dw
+    # wide channels: the schedule's vector split (1-2 registers) and row blocking engage
+    G(1, 2, 32, 48, 40, 3, 2, 1),                                # 1-D wide, stride 2
+    G(2, 1, 32, 32, 6, 3, 1, 1, groups=2),                       # 2-D wide grouped
+    G(2, 1, 32, 16, (6, 8), 3, 2, 1, transposed=True, opad=1),   # 2-D wide transposed
+    G(3, 1, 16, 16, (4, 6, 8), 3, (1, 2, 1), 1, groups=16),      # 3-D wide depthwise
+    G(1, 2, 6, 4, 5, 3, 3, 1, 2, groups=2, transposed=True, opad=2),  # 1-D T grouped, dil
+    G(3, 1, 4, 6, (3, 3, 4), 2, 2, 0, groups=2, transposed=True, opad=1),  # 3-D T grouped
+]
+
+
+def check_all(c, out, ref, dtypes, mask=ALL):
+    go, x, w = dtypes
+    gi_dt = go if go == x else "float32"
+    gw_dt = go if go == w else "float32"
+    for i, (o, r, dt, shape) in enumerate(zip(out, ref, (gi_dt, gw_dt, go),
+                                              (c["x"], c["w"], (c["cout"],)))):
+        if not mask[i]:
+            assert o is None
+            continue
+        assert o.shape == shape and str(o.dtype) == dt, (i, o.shape, o.dtype)
+        assert_close(o, r, dt, f"{gid(c)} output {i}")
+
+
+@pytest.mark.parametrize("c", CASES, ids=gid)
+def test_matches_reference_and_torch(c):
+    dy, x, w = data(c)
+    out = call(c, dy, x, w)
+    check_all(c, out, reference(c, dy, x, w), ("float32",) * 3)
+    if not HAVE_TORCH or not all(a == b for a, b in c["pads"]):
+        return
+    import torch
+
+    t = [torch.tensor(a, dtype=torch.float64) for a in (dy, x, w)]
+    peer = torch.ops.aten.convolution_backward(
+        *t, [c["cout"]], list(c["stride"]), padding_arg(c), list(c["dil"]), c["transposed"],
+        list(c["opad"]), c["groups"], [True, True, True])
+    for o, p in zip(out, peer):
+        assert_close(o, p.numpy(), "float32", f"torch {gid(c)}")
+
+
+MASKS = [(True, False, False), (False, True, False), (False, False, True),
+         (True, True, False), (False, True, True), (True, False, True)]
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=lambda m: "".join("TF"[not v] for v in m))
+@pytest.mark.parametrize("c", [CASES[1], CASES[9], CASES[15]], ids=gid)
+def test_output_mask(c, mask):
+    dy, x, w = data(c, seed=1)
+    out = call(c, dy, x, w, mask=mask)
+    check_all(c, out, reference(c, dy, x, w), ("float32",) * 3, mask)
+
+
+def test_all_false_mask_builds_nothing(monkeypatch):
+    c = CASES[0]
+    dy, x, w = data(c)
+    monkeypatch.setattr(kernel_cache, "get_kernel", _boom)
+    assert call(c, dy, x, w, mask=(False, False, False)) == (None, None, None)
+
+
+DTYPE_CASES = [
+    (CASES[0], ("float16",) * 3),
+    (CASES[9], ("bfloat16",) * 3),
+    (CASES[12], ("bfloat16",) * 3),
+    (CASES[6], ("float32", "float16", "bfloat16")),   # mixed: gi, gw promote to float32
+    (CASES[3], ("float16", "float16", "float32")),    # gi float16, gw float32
+]
+
+
+@pytest.mark.parametrize("c,dtypes", DTYPE_CASES, ids=lambda v: "-".join(v) if
+                         isinstance(v, tuple) else gid(v))
+def test_dtypes_and_promotion(c, dtypes):
+    dy, x, w = data(c, dtypes)
+    out = call(c, dy, x, w)
+    check_all(c, out, reference(c, dy, x, w), dtypes)
+
+
+# --- cube_math_type -------------------------------------------------------------------------
+
+def _full_mantissa(rng, shape):
+    """float32 values whose low 13 mantissa bits are random (HF32 / fp16 rounding shows)."""
+    return rng.uniform(-1, 1, size=shape).astype(np.float32)
+
+
+def _rounded(a, how):
+    a = np.asarray(a)
+    if how == "hf32" and a.dtype == np.float32:
+        return round_hf32(a)
+    if how == "float16" and str(a.dtype) in ("float32", "bfloat16"):
+        return a.astype(np.float32).astype(np.float16)
+    return a
+
+
+@pytest.mark.parametrize("cmt,how", [(1, "hf32"), (2, "float16"), (3, "hf32")],
+                         ids=["ALLOW_FP32_DOWN", "USE_FP16", "USE_HF32"])
+@pytest.mark.parametrize("c", [CASES[6], CASES[3]], ids=gid)
+def test_cube_math_type_rounds_operands(c, cmt, how):
+    rng = np.random.default_rng(7)
+    dy, x, w = (_full_mantissa(rng, c[k]) for k in ("dy", "x", "w"))
+    keep = call(c, dy, x, w, cmt=0)
+    out = call(c, dy, x, w, cmt=cmt)
+    exact = reference(c, dy, x, w)
+    pred = reference(c, *(_rounded(a, how) for a in (dy, x, w)))
+    tol = TOL["float32"]
+    for i in range(2):
+        # matches the math on rounded operands to fp32 accumulation accuracy ...
+        assert_close(out[i], pred[i], "float32", f"mode {cmt} output {i}")
+        # ... and the rounding moved it far more than that from the exact result, as predicted
+        scale = max(1.0, np.abs(exact[i]).max())
+        moved = np.abs(pred[i] - exact[i]).max() / scale
+        assert moved > 5 * tol, f"test data too coarse: rounding moves only {moved:.2g}"
+        seen = np.abs(out[i].astype(np.float64) - exact[i]).max() / scale
+        assert 0.5 * moved < seen < 2 * moved, (i, seen, moved)
+        assert np.abs(keep[i] - out[i]).max() / scale > 5 * tol
+    np.testing.assert_array_equal(out[2], keep[2])  # grad_bias is never rounded
+
+
+def test_hf32_and_fp16_modes_leave_narrow_dtypes_alone():
+    c = CASES[0]
+    dy, x, w = data(c, ("float16",) * 3)
+    keep = call(c, dy, x, w, cmt=0)
+    for cmt in (1, 2, 3):
+        for a, b in zip(keep, call(c, dy, x, w, cmt=cmt)):
+            np.testing.assert_array_equal(a, b)
+    # bfloat16 is untouched by the HF32 modes, but rounded to float16 by USE_FP16
+    c = CASES[5]
+    dy, x, w = data(c, ("bfloat16",) * 3)
+    keep = call(c, dy, x, w, cmt=0)
+    for a, b in zip(keep, call(c, dy, x, w, cmt=3)):
+        np.testing.assert_array_equal(a.astype(np.float32), b.astype(np.float32))
+    import ml_dtypes
+
+    rng = np.random.default_rng(3)
+    tiny = (rng.uniform(-1, 1, c["dy"]) * 2.0 ** -22).astype(ml_dtypes.bfloat16)
+    # ~2e-7: normal in bfloat16, subnormal in float16 (step 2**-24), so USE_FP16 loses bits
+    got = call(c, tiny, x, w, mask=(True, False, False), cmt=2)[0].astype(np.float64)
+    pred = reference(c, _rounded(tiny, "float16"), x, w)[0]
+    exact = reference(c, tiny, x, w)[0]
+    scale = np.abs(exact).max()
+    assert np.abs(got - pred).max() / scale < 2 * TOL["bfloat16"]
+    assert np.abs(pred - exact).max() / scale > 4 * TOL["bfloat16"]
+    assert np.abs(got - exact).max() / scale > 2 * TOL["bfloat16"]
+    huge = np.full(c["dy"], 1e5, ml_dtypes.bfloat16)  # beyond float16's 65504: inf
+    assert np.isfinite(call(c, huge, x, w, mask=(True, False, False), cmt=0)[0]).all()
+    assert not np.isfinite(call(c, huge, x, w, mask=(True, False, False), cmt=2)[0]).all()
+
+
+def test_hf32_rounding_rule_bitwise():
+    """A 1x1 identity convolution exposes the operand rounding bit for bit."""
+    one = np.float32(1.0)
+    eps = np.float32(2.0 ** -11)  # half an HF32 ulp at 1.0: ties go to even
+    vals = np.array([one + eps, one + 3 * eps, one + eps + np.float32(2.0 ** -20), -(one + eps),
+                     np.float32(3.4028235e38), np.float32(1e-40), np.inf, -np.inf, np.nan,
+                     np.float32(0.1), np.float32(1e-30), np.float32(65504.5)], np.float32)
+    c = geometry(1, 1, 1, 1, len(vals), 1)
+    dy = vals.reshape(1, 1, -1)
+    x = np.zeros(c["x"], np.float32)
+    w = np.ones(c["w"], np.float32)
+    gi = call(c, dy, x, w, mask=(True, False, False), cmt=3)[0].ravel()
+    np.testing.assert_array_equal(gi.view(np.uint32), round_hf32(vals).view(np.uint32))
+    assert gi[0] == 1.0 and gi[1] == one + 4 * eps and gi[2] == one + 2 * eps  # ties to even
+    assert gi[3] == -1.0 and np.isinf(gi[4]) and np.isnan(gi[8])
+
+
+# --- empty inputs, the cache ----------------------------------------------------------------
+
+def _boom(*args, **kwargs):
+    raise AssertionError("must not build or schedule")
+
+
+@pytest.mark.parametrize("nd,transposed,x_shape,w_shape,dy_shape", [
+    (2, False, (0, 4, 5, 5), (6, 4, 3, 3), (0, 6, 3, 3)),      # N = 0
+    (2, False, (2, 0, 5, 5), (6, 0, 3, 3), (2, 6, 3, 3)),      # C = 0
+    (1, True, (2, 0, 5), (0, 3, 3), (2, 3, 7)),                # transposed, C = 0
+    (3, True, (0, 2, 2, 2, 2), (2, 3, 1, 1, 1), (0, 3, 2, 2, 2)),  # transposed, N = 0
+], ids=["N0", "C0", "T_C0", "T_N0"])
+def test_empty_input_needs_no_kernel(monkeypatch, nd, transposed, x_shape, w_shape, dy_shape):
+    monkeypatch.setattr(kernel_cache, "get_kernel", _boom)
+    rng = np.random.default_rng(0)
+    dy = rng.uniform(-1, 1, dy_shape).astype(np.float32)
+    x = np.zeros(x_shape, np.float32)
+    w = rng.uniform(-1, 1, w_shape).astype(np.float32)
+    cout = dy_shape[1]
+    gi, gw, gb = dsl.aclnn.convolution_backward(dy, x, w, [cout], [1] * nd, [0] * nd,
+                                                [1] * nd, transposed, [0] * nd, 1, [True] * 3)
+    assert gi.shape == x_shape and gw.shape == w_shape and gb.shape == (cout,)
+    assert not gi.any() and not gw.any()
+    np.testing.assert_allclose(gb, dy.sum(axis=(0, *range(2, dy.ndim))), rtol=1e-6)
+    if HAVE_TORCH and 0 not in w_shape:  # PyTorch refuses an empty weight
+        import torch
+
+        t = [torch.from_numpy(a) for a in (dy, x, w)]
+        peer = torch.ops.aten.convolution_backward(*t, [cout], [1] * nd, [0] * nd, [1] * nd,
+                                                   transposed, [0] * nd, 1, [True] * 3)
+        # PyTorch agrees on grad_input / grad_weight; for C = 0 it also zeroes grad_bias, but
+        # the forward is then y = bias broadcast over a non-empty grad_output, so we keep the
+        # math (grad_bias = sum of grad_output), checked above.
+        checked = (gi, gw, gb) if x_shape[0] == 0 else (gi, gw)
+        for o, p in zip(checked, peer):
+            np.testing.assert_allclose(o, p.numpy(), atol=1e-5)
+
+
+def test_second_call_neither_schedules_nor_compiles(monkeypatch):
+    c = geometry(1, 1, 3, 5, 9, 3, 2, 1, groups=1)  # a signature no other test uses
+    dy, x, w = data(c)
+    before = dict(kernel_cache.STATS)
+    first = call(c, dy, x, w, mask=(True, True, False), cmt=1)
+    assert kernel_cache.STATS["builds"] == before["builds"] + 1
+    import sys
+
+    monkeypatch.setattr(sys.modules["dsl.runtime.schedule"], "auto_schedule", _boom)
+    monkeypatch.setattr(sys.modules["dsl.runtime.build"], "build", _boom)
+    second = call(c, dy, x, w, mask=(True, True, False), cmt=1)
+    assert kernel_cache.STATS["builds"] == before["builds"] + 1
+    assert kernel_cache.STATS["hits"] == before["hits"] + 1
+    for a, b in zip(first, second):
+        assert (a is None and b is None) or np.array_equal(a, b)
+    with pytest.raises(AssertionError, match="must not build"):  # another signature builds
+        call(c, dy, x, w, mask=(True, True, False), cmt=0)
+
+
+def test_bad_arrays_refused_before_building(monkeypatch):
+    monkeypatch.setattr(kernel_cache, "get_kernel", _boom)
+    c = CASES[0]
+    dy, x, w = data(c)
+    with pytest.raises(dsl.DslError) as e:
+        call(c, dy.tolist(), x, w)
+    assert e.value.code == "E60005" and e.value.param == "grad_output"
+    with pytest.raises(dsl.DslError) as e:
+        call(c, dy, x.astype(np.float64), w)
+    assert e.value.code == "E60006" and e.value.param == "input.dtype"
+    with pytest.raises(dsl.DslError) as e:
+        call(c, dy[:, :, :-1], x, w)
+    assert e.value.code == "E60024" and "grad_output" in e.value.param

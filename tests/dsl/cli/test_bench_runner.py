@@ -1,0 +1,72 @@
+"""Smoke test of ``python -m dsl bench`` on one tiny conv2d workload and a foreign row kind."""
+
+import json
+
+import pytest
+
+from dsl import bench
+from dsl.cli.bench import Prepared, Workload, runner
+from dsl.cli.bench.conv2d import Layer, _setup_dw, _setup_dx
+
+from helpers import HAVE_TORCH
+
+TINY = Layer("tiny_3x3_s2", 1, 16, 32, 9, 3, 2, 1, 1, 1)
+
+
+@pytest.fixture
+def smoke_suite():
+    """Workloads in a suite of their own, removed again afterwards."""
+    added = [
+        Workload("smoke", TINY.name, "dx", TINY.flops, lambda: _setup_dx(TINY, "float32")),
+        Workload("smoke", TINY.name, "dw", TINY.flops, lambda: _setup_dw(TINY, "float32")),
+        # another engineer's row kind, without a peer: must print and summarise fine
+        Workload("smoke", "fake_pool", "pool_dx", 1e6,
+                 lambda: Prepared(lambda: None, None, 0.0, {})),
+    ]
+    bench.WORKLOADS.extend(added)
+    yield added
+    for w in added:
+        bench.WORKLOADS.remove(w)
+
+
+def test_bench_main_prints_table_and_json(smoke_suite, tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    rc = runner.main(["--suite", "smoke", "--repeat", "2", "--min-time", "0.001",
+                      "--json", str(path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert out.startswith("# ") and "threads" in out  # the machine header
+    assert "[1/3]" in out and "[3/3]" in out  # progress
+    data = json.loads(path.read_text())
+    rows = {r["kind"]: r for r in data["rows"]}
+    assert set(rows) == {"dx", "dw", "pool_dx"}
+    for kind in ("dx", "dw"):
+        r = rows[kind]
+        assert r["error"] is None and r["ours_gflops"] > 0 and r["build_s"] > 0
+        assert r["info"]["rule"].startswith("schedules.")
+        if HAVE_TORCH:
+            assert r["peer_gflops"] > 0
+            assert r["ratio"] == pytest.approx(r["peer_s"] / r["ours_s"])
+            assert data["summary"][f"smoke/{kind}"]["geomean_ratio"] == pytest.approx(r["ratio"])
+        else:
+            assert r["ratio"] is None
+    assert rows["pool_dx"]["peer_gflops"] is None and rows["pool_dx"]["ratio"] is None
+    assert "pool_dx" in out and "geomean" in out
+
+
+def test_bench_filter_selects_nothing(smoke_suite, capsys):
+    assert runner.main(["--suite", "smoke", "--filter", "no-such-workload"]) == 2
+
+
+def test_bench_failure_is_reported_not_raised(smoke_suite, capsys):
+    def broken():
+        raise RuntimeError("boom")
+
+    rows = runner.run([Workload("smoke", "broken", "dx", 1.0, broken)], repeat=1)
+    assert rows[0]["error"] == "RuntimeError: boom"
+    assert "FAILED" in runner.format_row(rows[0])
+
+
+def test_geomean():
+    assert runner.geomean([2.0, 8.0]) == pytest.approx(4.0)
+    assert runner.geomean([]) is None

@@ -1,0 +1,170 @@
+"""dsl.ops.convolution_backward at the TE level: checks, stage structure, schedules, targets."""
+
+import numpy as np
+import pytest
+from tvm import te
+
+import dsl
+import targets
+from dsl.ops.convolution_backward import plan, promote
+
+from helpers import assert_close, rand
+from reference import convolution_backward as ref_cb
+
+T, F = True, False
+
+
+def ph(shape, name, dtype="float32"):
+    return te.placeholder(shape, name=name, dtype=dtype)
+
+
+def op(go=(2, 6, 5), x=(2, 4, 7), w=(6, 2, 3), bias=(6,), stride=(1,), pad=(0,), dil=(1,),
+       transposed=False, opad=(0,), groups=2, mask=(T, T, T), cmt=0,
+       dtypes=("float32",) * 3):
+    return dsl.convolution_backward(ph(go, "grad_output", dtypes[0]), ph(x, "input", dtypes[1]),
+                                    ph(w, "weight", dtypes[2]), bias, stride, pad, dil,
+                                    transposed, opad, groups, mask, cmt)
+
+
+BAD = [  # (overrides, code, param fragment)
+    ({"w": (6, 2)}, "E60003", "weight.shape"),
+    ({"w": (6, 2, 3, 3, 3, 3)}, "E60003", "weight.shape"),
+    ({"x": (2, 4, 7, 7)}, "E60003", "input.shape"),
+    ({"dtypes": ("float32", "float64", "float32")}, "E60006", "input.dtype"),
+    ({"dtypes": ("int8", "float32", "float32")}, "E60006", "grad_output.dtype"),
+    ({"stride": (1, 1)}, "E60003", "stride"),
+    ({"stride": (0,)}, "E60011", "stride[0]"),
+    ({"stride": (True,)}, "E60005", "stride[0]"),
+    ({"pad": (-1,)}, "E60011", "padding[0]"),
+    ({"pad": (0, 0, 0, 0)}, "E60003", "padding"),  # 4 values only for 2-D
+    ({"dil": (0,)}, "E60011", "dilation[0]"),
+    ({"opad": (0, 0)}, "E60003", "output_padding"),
+    ({"groups": 0}, "E60108", "groups"),
+    ({"groups": 4, "w": (6, 1, 3)}, "E60108", "groups"),  # 4 does not divide Cout 6
+    ({"x": (2, 5, 7)}, "E60002", "input.shape[1]"),
+    ({"go": (2, 4, 5)}, "E60002", "grad_output.shape[1]"),
+    ({"go": (3, 6, 5)}, "E60003", "grad_output.shape[0]"),
+    ({"go": (2, 6, 4)}, "E60024", "grad_output L"),
+    ({"w": (6, 2, 9), "go": (2, 6, 1)}, "E60025", "kernel L"),
+    ({"bias": (5,)}, "E60002", "bias_sizes"),
+    ({"bias": None}, "E60012", "bias_sizes"),
+    ({"bias": (6, 1)}, "E60003", "bias_sizes"),
+    ({"mask": (T, T)}, "E60003", "output_mask"),
+    ({"mask": (1, T, T)}, "E60005", "output_mask[0]"),
+    ({"cmt": 4}, "E60011", "cube_math_type"),
+    ({"cmt": True}, "E60005", "cube_math_type"),
+    ({"transposed": 0}, "E60005", "transposed"),
+    ({"w": (6, 2, 0)}, "E60003", "weight.shape[2]"),
+    ({"x": (2, 4, 0)}, "E60003", "input.shape[2]"),
+    ({"x": (0, 4, 7)}, "E60003", "grad_output.shape[0]"),  # batch disagrees
+    ({"x": (0, 4, 7), "go": (0, 6, 5)}, "E60003", "input.shape"),  # empty: numpy API only
+    # transposed: weight [Cin, Cout/g, k]; output (L-1)*s - 2p + (k-1)*d + op + 1
+    ({"transposed": T, "x": (2, 6, 4), "w": (6, 2, 3), "go": (2, 4, 9), "stride": (2,),
+      "opad": (2,), "bias": (4,)}, "E60011", "output_padding[0]"),
+    ({"transposed": T, "x": (2, 6, 4), "w": (6, 2, 3), "go": (2, 4, 8), "stride": (2,),
+      "bias": (4,)}, "E60024", "grad_output L"),
+    ({"transposed": T, "x": (2, 4, 4), "w": (6, 2, 3), "go": (2, 4, 9), "stride": (2,),
+      "bias": (4,)}, "E60002", "input.shape[1]"),
+    ({"transposed": T, "x": (2, 6, 4), "w": (6, 2, 3), "go": (2, 6, 9), "stride": (2,),
+      "bias": (4,)}, "E60002", "grad_output.shape[1]"),
+    ({"transposed": T, "x": (2, 6, 4), "w": (6, 2, 3), "go": (2, 4, 9), "stride": (2,),
+      "bias": (6,)}, "E60002", "bias_sizes"),
+    ({"transposed": T, "x": (2, 6, 1), "w": (6, 2, 1), "go": (2, 4, 1), "pad": (1,),
+      "bias": (4,)}, "E60024", "padding (L)"),
+]
+
+
+@pytest.mark.parametrize("kw,code,param", BAD, ids=[f"{b[2]}-{b[1]}-{i}" for i, b in
+                                                     enumerate(BAD)])
+def test_errors_name_parameter_value_and_rule(kw, code, param):
+    with pytest.raises(dsl.DslError) as e:
+        op(**kw)
+    assert e.value.code == code and param in e.value.param, str(e.value)
+    assert e.value.rule and isinstance(e.value, RuntimeError)
+
+
+def test_valid_calls_pass_checks():
+    op()  # the defaults
+    op(transposed=T, x=(2, 6, 4), w=(6, 2, 3), go=(2, 4, 10), stride=(2,), opad=(1,),
+       bias=(4,))
+    op(bias=None, mask=(T, T, F))  # bias_sizes may be None when grad_bias is not wanted
+    op(x=(1, 3, 6, 7), w=(4, 3, 3, 2), go=(1, 4, 5, 4), pad=(1, 0, 0, 1), stride=(1, 2),
+       dil=(1, 1), opad=(0, 0), groups=1, bias=(4,))  # 4-value 2-D padding
+
+
+def test_outputs_masks_dtypes_and_stage_tags():
+    gi, gw, gb = op(dtypes=("float16", "bfloat16", "float16"))
+    assert (gi.dtype, gw.dtype, gb.dtype) == ("float32", "float16", "float16")
+    assert [int(d) for d in gi.shape] == [2, 4, 7] and [int(d) for d in gw.shape] == [6, 2, 3]
+    assert [int(d) for d in gb.shape] == [6]
+    assert op(mask=(F, T, F))[0] is None and op(mask=(T, F, F))[1] is None
+    from dsl.runtime.schedule import walk
+
+    _, computes = walk([gi, gw, gb])
+    for c in computes:
+        assert c.tag.startswith("convolution_backward.") and c.name, (c.name, c.tag)
+    assert len({c.tag for c in computes}) == len(computes)
+    assert promote("float16", "bfloat16") == "float32" and promote("bfloat16",
+                                                                   "bfloat16") == "bfloat16"
+
+
+def _acc(outputs, tag):
+    from dsl.runtime.schedule import walk
+
+    _, computes = walk([t for t in outputs if t is not None])
+    return next(c for c in computes if c.tag == f"convolution_backward.{tag}")
+
+
+@pytest.mark.parametrize("stride,dil,taps", [(1, 1, 5), (2, 1, 3), (3, 1, 2), (2, 2, 5),
+                                             (4, 2, 3)])
+def test_strided_dx_visits_only_real_taps(stride, dil, taps):
+    """No zero-insertion: a strided dx reduces over ceil(k / step) taps, not k."""
+    k, n_in = 5, 20
+    n_out = (n_in - (k - 1) * dil - 1) // stride + 1
+    outs = op(go=(1, 6, n_out), x=(1, 4, n_in), w=(6, 2, k), stride=(stride,), dil=(dil,),
+              mask=(T, F, F))
+    acc = _acc(outs, "dx_acc")
+    extents = [int(r.dom.extent) for r in acc.reduce_axis]
+    assert extents == [taps, 3], extents  # taps per position, then Cout/groups
+
+
+def test_transposed_grad_input_is_a_forward_convolution():
+    outs = op(transposed=T, x=(1, 6, 4), w=(6, 2, 3), go=(1, 4, 10), stride=(2,), opad=(1,),
+              bias=(4,), mask=(T, F, F))
+    acc = _acc(outs, "fwd_acc")
+    assert [int(r.dom.extent) for r in acc.reduce_axis] == [3, 2]  # k, Cout/groups
+    assert [int(d) for d in acc.output(0).shape] == [1, 4, 6]  # [N, L, Cin] channels-last
+
+
+def test_plan_maps_transposed_onto_the_plain_index_map():
+    p = plan((1, 4, 8), "float32", (1, 6, 4), "float32", (6, 2, 3), "float32", [4], [2], [1],
+             [1], True, [1], 2, [T, T, T])
+    (a,) = p.axes
+    assert (a.n_in, a.n_out, a.pad_before, a.pad_after) == (8, 4, 1, 0)  # pa - output_padding
+    assert (p.cx, p.cy, p.cxg, p.cyg) == (4, 6, 2, 3)
+
+
+@pytest.mark.parametrize("name", ["x86-avx2", "x86-64"])
+def test_schedule_on_other_targets(name):
+    """The x86 rule reads lanes / cores from the target: narrower vectors build and agree."""
+    tgt = targets.get(name)
+    if not targets.runnable(tgt):
+        pytest.skip(f"{name} cannot run here")
+    from dsl import kernel_cache
+
+    rng = np.random.default_rng(0)
+    dy, x, w = rand(rng, (2, 6, 3, 4), "float32"), rand(rng, (2, 4, 6, 7), "float32"), \
+        rand(rng, (6, 2, 3, 2), "float32")
+    params = ([6], [2, 2], [1, 1], [1, 1], False, [0, 0], 2, [T, T, T])
+
+    def make():
+        g, i, ww = ph(dy.shape, "grad_output"), ph(x.shape, "input"), ph(w.shape, "weight")
+        return [g, i, ww], list(dsl.convolution_backward(g, i, ww, *params))
+
+    kernel = kernel_cache.get_kernel({"t": "cb_target", "name": name}, make, prefix="t_cb",
+                                     target=tgt)
+    assert kernel.meta["schedule"]["rule"].endswith("schedule_convolution_backward")
+    out = kernel(dy, x, w)
+    ref = ref_cb(dy, x, w, [2, 2], [(1, 1), (1, 1)], [1, 1], False, [0, 0], 2)
+    for o, r in zip(out, ref):
+        assert_close(o, r, "float32", name)

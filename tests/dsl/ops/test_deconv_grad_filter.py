@@ -1,0 +1,205 @@
+"""deconv_grad_filter (TE level) through built kernels, against float64 and PyTorch."""
+
+import numpy as np
+import pytest
+
+import dsl
+import targets
+from dsl import kernel_cache
+from dsl.ops.conv_geometry import ConvAxis
+from dsl.ops.deconv_grad_filter import deconv_grad_filter
+
+from helpers import HAVE_TORCH, assert_close, rand
+from reference import deconv_grad_filter as ref_dw
+
+
+def _two(v):
+    return tuple(v) if isinstance(v, (tuple, list)) else (v, v)
+
+
+def D(b, ih, iw, ic, oh, ow, oc, k, s, p, d, g):
+    two = _two
+    return {"b": b, "in": (ih, iw, ic), "out": (oh, ow, oc), "k": two(k), "s": two(s),
+            "p": two(p), "d": two(d), "g": g}
+
+
+CASES = [
+    D(16, 4, 4, 4, 4, 4, 4, 4, 1, 0, 1, 1),                  # the seed example: out = in
+    D(2, 5, 6, 8, 10, 12, 6, 4, 2, 1, 1, 1),                 # k4 s2 p1 upsampling
+    D(2, 4, 5, 6, 13, 11, 4, (3, 2), (3, 2), (2, 1), (2, 1), 2),  # g2, s3, dy past every tap
+    D(2, 7, 7, 16, 13, 13, 16, 3, 2, 1, 1, 16),              # depthwise-like (vector along g)
+    D(1, 6, 6, 8, 6, 6, 16, 3, 1, 1, 1, 8),                  # depthwise, multiplier 2
+    D(1, 5, 5, 4, 12, 12, 8, 3, 2, 2, 2, 1),                 # gcd(stride, dilation) = 2
+    D(1, 3, 4, 40, 6, 8, 24, 2, 2, 0, 1, 1),                 # ICg 40: vector width 20
+    D(16, 16, 16, 4, 16, 16, 4, 2, 1, 0, 1, 1),              # long K: split into partials
+    D(1, 3, 3, 6, 1, 2, 4, 3, (1, 2), (1, 0), 1, 2),         # out_h 1: one row of dy
+    D(16, 16, 16, 16, 16, 16, 16, 2, 1, 0, 1, 16),           # depthwise, partial sums
+    D(16, 16, 16, 2, 17, 16, 16, 2, 1, (0, 1), 1, 1),        # vector along oc, partial sums
+]
+
+
+def case_id(c):
+    return "b{}_in{}_out{}_k{}_s{}_p{}_d{}_g{}".format(
+        c["b"], "x".join(map(str, c["in"])), "x".join(map(str, c["out"])),
+        *("".join(map(str, c[key])) for key in ("k", "s", "p", "d")), c["g"])
+
+
+def kernel_for(c, dtype, target=None):
+    def make():
+        from tvm import te
+        dy = te.placeholder((c["b"], *c["out"]), dtype, name="dy")
+        x = te.placeholder((c["b"], *c["in"]), dtype, name="x")
+        dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"],
+                                dilation=c["d"], group=c["g"])
+        return [dy, x], [dw]
+
+    return kernel_cache.get_kernel({"op": "t_deconv_dw", "case": c, "dtype": dtype}, make,
+                                   prefix="t_deconv_dw", target=target)
+
+
+def data(c, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return rand(rng, (c["b"], *c["out"]), dtype), rand(rng, (c["b"], *c["in"]), dtype)
+
+
+def torch_dw(dy, x, c):
+    """Weight gradient of torch's conv_transpose2d (full output, cropped to dy's window),
+    permuted from torch's [in_c, OCg, kh, kw] to [g, OCg, kh, kw, ICg]."""
+    import torch
+    import torch.nn.functional as F
+
+    g, (pu, pl) = c["g"], c["p"]
+    in_c, (out_h, out_w, out_c) = c["in"][2], c["out"]
+    w = torch.zeros((in_c, out_c // g, *c["k"]), dtype=torch.float64, requires_grad=True)
+    xt = torch.tensor(np.asarray(x, np.float64)).permute(0, 3, 1, 2)
+    y = F.conv_transpose2d(xt, w, stride=c["s"], dilation=c["d"], groups=g)
+    y = F.pad(y, (0, max(0, pl + out_w - y.shape[3]), 0, max(0, pu + out_h - y.shape[2])))
+    y = y[:, :, pu:pu + out_h, pl:pl + out_w]
+    y.backward(torch.tensor(np.asarray(dy, np.float64)).permute(0, 3, 1, 2))
+    gw = w.grad.numpy().reshape(g, in_c // g, out_c // g, *c["k"])
+    return gw.transpose(0, 2, 3, 4, 1)
+
+
+@pytest.mark.parametrize("c", CASES, ids=case_id)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_matches_reference(c, dtype):
+    dy, x = data(c, dtype)
+    out = kernel_for(c, dtype)(dy, x)
+    assert out.dtype == np.dtype(dtype)
+    ref = ref_dw(dy, x, c["k"], c["s"], c["p"], c["d"], c["g"])
+    assert_close(out, ref, dtype, case_id(c))
+
+
+@pytest.mark.skipif(not HAVE_TORCH, reason="PyTorch not installed")
+@pytest.mark.parametrize("c", CASES, ids=case_id)
+def test_matches_torch(c):
+    dy, x = data(c, "float32", seed=1)
+    out = kernel_for(c, "float32")(dy, x)
+    assert_close(out, torch_dw(dy, x, c), "float32", "torch " + case_id(c))
+
+
+def test_reference_matches_torch_on_every_case():
+    if not HAVE_TORCH:
+        pytest.skip("PyTorch not installed")
+    for c in CASES:  # the reference and torch agree on the definition (in float64)
+        dy, x = data(c, "float32", seed=2)
+        np.testing.assert_allclose(ref_dw(dy, x, c["k"], c["s"], c["p"], c["d"], c["g"]),
+                                   torch_dw(dy, x, c), atol=1e-9)
+
+
+@pytest.mark.parametrize("name", [n for n in targets.names() if n != "host"])
+@pytest.mark.parametrize("c", [CASES[2], CASES[3], CASES[7]], ids=case_id)
+def test_every_runnable_target(name, c):
+    tgt = targets.get(name)
+    if not targets.runnable(tgt):
+        pytest.skip(f"this machine cannot run {name}")
+    dy, x = data(c, "float32", seed=4)
+    kernel = kernel_for(c, "float32", tgt)
+    assert kernel.meta["schedule"]["rule"].endswith("schedule_deconv_grad_filter")
+    ref = ref_dw(dy, x, c["k"], c["s"], c["p"], c["d"], c["g"])
+    assert_close(kernel(dy, x), ref, "float32", f"{name} {case_id(c)}")
+
+
+@pytest.mark.parametrize("c", [CASES[1], CASES[3], CASES[7]], ids=case_id)
+def test_one_and_many_core_kernels_agree_bitwise(c):
+    # blocking and the partial-sum split are chosen by shape, never by cores
+    dy, x = data(c, "float32")
+    host = targets.current()
+    one = kernel_for(c, "float32", host.with_cores(1))(dy, x)
+    many = kernel_for(c, "float32", host.with_cores(max(2, host.cores)))(dy, x)
+    assert np.array_equal(one, many)
+
+
+@pytest.mark.parametrize("c", [CASES[0], CASES[3], CASES[7]], ids=case_id)
+def test_parallel_loops_only_for_several_cores(c):
+    from tvm import te
+    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
+    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], dilation=c["d"],
+                            group=c["g"])
+    host = targets.current()
+    scripts = {n: dsl.auto_schedule(dw, host.with_cores(n)).s_tir([dy, x, dw]).mod.script()
+               for n in (1, 2)}
+    assert "T.parallel" not in scripts[1]
+    assert "T.parallel" in scripts[2]
+    assert "T.vectorized" in scripts[1]
+
+
+def test_dy_pad_cast_stage_is_fp32_for_fp16():
+    from tvm import te
+    dy = te.placeholder((1, 4, 4, 8), "float16", name="dy")
+    x = te.placeholder((1, 4, 4, 8), "float16", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=3, pad=1)
+    assert dw.dtype == "float16" and tuple(int(v) for v in dw.shape) == (1, 8, 3, 3, 8)
+    acc = dw.op.input_tensors[0]
+    assert acc.dtype == "float32" and acc.op.input_tensors[0].op.tag.endswith("dy_pad")
+
+
+def test_cropped_axis():
+    a = ConvAxis.cropped("H", 4, 4, 4, 1, 0, 1, in_param="param[5]")
+    assert (a.tap_extent, a.pad_before, a.pad_after) == (7, 0, 3)
+    assert a.x_padded_size == 7
+    a = ConvAxis.cropped("H", 20, 3, 2, 2, 1, 1, in_param="out_h")  # dy taller than the taps
+    assert a.tap_extent == 6 and a.pad_after == 0
+    with pytest.raises(dsl.DslError) as e:  # every tap lands above row 0
+        ConvAxis.cropped("H", 3, 2, 2, 1, 5, 1, in_param="param[5]")
+    assert e.value.code == "E60025" and e.value.param == "param[5]"
+    with pytest.raises(dsl.DslError):  # s = d = 2, pad 1: taps only on odd rows, dy has row 0
+        ConvAxis.cropped("W", 1, 3, 3, 2, 1, 2, in_param="param[6]")
+    assert ConvAxis.cropped("W", 2, 3, 3, 2, 1, 2, in_param="param[6]").n_in == 2
+
+
+@pytest.mark.parametrize("kwargs, code, param", [
+    ({"group": 3}, "E60002", "x.shape[3]"),
+    ({"stride": 0}, "E60011", "stride[0]"),
+    ({"dilation": (1, 0)}, "E60011", "dilation[1]"),
+    ({"pad": (-1, 0)}, "E60011", "pad[0]"),
+    ({"pad": (9, 0)}, "E60025", "dy.shape[1]"),
+    ({"kernel": (2, 2, 2)}, "E60003", "kernel"),
+    ({"group": True}, "E60005", "group"),
+])
+def test_errors(kwargs, code, param):
+    from tvm import te
+    dy = te.placeholder((2, 4, 4, 8), "float32", name="dy")
+    x = te.placeholder((2, 4, 4, 8), "float32", name="x")
+    args = {"kernel": 3, **kwargs}
+    with pytest.raises(dsl.DslError) as e:
+        deconv_grad_filter(dy, x, **args)
+    assert e.value.code == code and e.value.param == param, e.value
+
+
+def test_tensor_errors():
+    from tvm import te
+    x = te.placeholder((2, 4, 4, 8), "float32", name="x")
+    with pytest.raises(dsl.DslError) as e:
+        deconv_grad_filter(te.placeholder((3, 4, 4, 8), "float32", name="dy"), x, kernel=3)
+    assert e.value.param == "dy.shape[0]"
+    with pytest.raises(dsl.DslError) as e:
+        deconv_grad_filter(te.placeholder((2, 4, 4, 8), "float16", name="dy"), x, kernel=3)
+    assert e.value.code == "E65002"
+    with pytest.raises(dsl.DslError) as e:
+        deconv_grad_filter(te.placeholder((2, 4, 8), "float32", name="dy"), x, kernel=3)
+    assert e.value.param == "dy.shape"
+    with pytest.raises(dsl.DslError) as e:
+        deconv_grad_filter(x, te.placeholder((2, 4, 4, 8), "int32", name="xi"), kernel=3)
+    assert e.value.code == "E60006"
