@@ -1,0 +1,40 @@
+"""Every tag a compute in :mod:`dsl.ops` carries: one place, imported by computes and schedules.
+
+A stage's tag says what it *is*; schedule rules find their stages by tag (never by a stage's
+``name``, which a user may change). Operator tags are the op name; a stage inside an operator
+is ``"<op>.<stage>"``. Pattern tags (``elemwise``, ``broadcast``, ``reduce``) mark the generic
+graph shapes the pattern rules recognise, as TVM's ``topi/tag.py`` and TBE's pattern
+classification do.
+"""
+
+from __future__ import annotations
+
+# Operators (the anchor stage of each carries the bare op tag).
+CONV2D_BACKPROP_INPUT = "conv2d_backprop_input"
+CONV2D_BACKPROP_FILTER = "conv2d_backprop_filter"
+CONVOLUTION_BACKWARD = "convolution_backward"
+AVG_POOL2D_BACKWARD = "avg_pool2d_backward"
+DECONV_GRAD_FILTER = "deconv_grad_filter"
+
+# Layout (transdata) kernels.
+LAYOUT_TO_5HD = "layout.to_5hd"
+LAYOUT_FROM_5HD = "layout.from_5hd"
+LAYOUT_TO_FRACZ = "layout.to_fracz"
+LAYOUT_FROM_FRACZ = "layout.from_fracz"
+LAYOUT_PREFIX = "layout."
+
+# Generic patterns (vector DSL and user stages).
+ELEMWISE = "elemwise"
+BROADCAST = "broadcast"
+INJECTIVE = "injective"
+REDUCE = "reduce"
+
+
+def stage(op: str, name: str) -> str:
+    """The tag of stage ``name`` inside operator ``op`` (``"conv2d_backprop_input.acc"``)."""
+    return f"{op}.{name}"
+
+
+def op_of(tag: str) -> str:
+    """The operator a stage tag belongs to (``"conv2d_backprop_input.acc"`` -> the op)."""
+    return tag.split(".", 1)[0]
