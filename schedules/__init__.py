@@ -30,6 +30,9 @@ class Workload:
     attrs : dict
         The anchor compute's ``attrs`` (op name, JSON parameters).
     target : CpuTarget
+    decisions : list of (stage, rule, why)
+        What scheduled each stage and why, appended by :meth:`note` (``dsl.explain`` prints
+        it; a stage left to the generic rule is reported there).
     """
 
     anchor_tag: str
@@ -37,6 +40,11 @@ class Workload:
     attrs: dict
     target: CpuTarget
     extra: dict = field(default_factory=dict)
+    decisions: list = field(default_factory=list)
+
+    def note(self, stage: str, rule: str, why: str) -> None:
+        """Record that ``rule`` scheduled block ``stage`` because ``why``."""
+        self.decisions.append((stage, rule, why))
 
 
 Rule = Callable[["object", Workload], None]
