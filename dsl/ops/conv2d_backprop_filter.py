@@ -16,6 +16,12 @@ result : 4-D group FracZ ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)`` of ``res_dtype`` (
     default); positions that pair channels of different original groups, or pad channels, are
     exactly zero (TBE leaves cross-group products there; we do not).
 
+Code: :func:`plan` checks every argument (errors before any TE work) and decides the
+stages into a frozen :class:`Plan`; :func:`x_stage`, :func:`dy_stage`, the ``acc`` builders and
+:func:`scatter` each build one stage from it.
+Input dtypes are :data:`DTYPES` (checked in ``_check_dtypes``); every stage computes in
+``Plan.acc_dtype`` (:func:`accumulation_dtype` of the input dtype).
+
 Stages (schedules find them by tag)
 -----------------------------------
 ``conv2d_backprop_filter.x_pad``  x zero-padded to every ``o*stride + k*dilation``, fp32:
@@ -110,7 +116,7 @@ class Plan:
     ah: ConvAxis
     aw: ConvAxis
     cout_lanes: bool
-    acc_dtype: str = ACC_DTYPE
+    acc_dtype: str  # every stage computes in it (see accumulation_dtype)
 
     @property
     def n(self) -> int:
@@ -162,7 +168,14 @@ def plan(input_x, out_backprop, filter_sizes, para_dict) -> Plan:
     check_elems("input_x.shape", list(x_shape),
                 (n, c1x, ah.x_padded_size, aw.x_padded_size, C0), "the padded x")
     cout_lanes = lay.dense and dy_shape[1] * C0 * lay.cin < c1x * C0 * cout
-    return Plan(para, dtype, groups, gd, lay, w_sizes, x_shape, dy_shape, ah, aw, cout_lanes)
+    return Plan(para, dtype, groups, gd, lay, w_sizes, x_shape, dy_shape, ah, aw, cout_lanes,
+                accumulation_dtype(dtype))
+
+
+def accumulation_dtype(dtype: str) -> str:
+    """The dtype the stages convert the inputs to and accumulate in, for an input ``dtype``
+    (of :data:`DTYPES`): float32 for float16 and float32 inputs."""
+    return ACC_DTYPE
 
 
 def _check_dtypes(input_x, out_backprop) -> str:

@@ -17,6 +17,12 @@ out_backprop : 5-D NC1HWC0, ``(N, ceil(Cout/16), Ho, Wo, 16)``, same dtype as ``
 result : 5-D NC1HWC0, ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype``; pad channels are zero.
     Byte-identical to TBE's 4-D ``(N, C1, H*W, 16)``.
 
+Code: :func:`plan` checks every argument (errors before any TE work) and decides the
+stages into a frozen :class:`Plan`; :func:`dy_stage`, :func:`weight_stage`, :func:`phase_acc`
+and :func:`interleave` each build one stage from it.
+Input dtypes are :data:`DTYPES` (checked in ``_check_dtypes``); every stage computes in
+``Plan.acc_dtype`` (:func:`accumulation_dtype` of the input dtype).
+
 Stages (schedules find them by tag)
 -----------------------------------
 dx is computed per output phase ``(ph, pw)`` (positions ``(q_h*sh + ph, q_w*sw + pw)``): each
@@ -130,7 +136,7 @@ class Plan:
     pad_w: int
     size_w: int
     positions: bool
-    acc_dtype: str = ACC_DTYPE
+    acc_dtype: str  # every stage computes in it (see accumulation_dtype)
 
     @property
     def n(self) -> int:
@@ -194,6 +200,12 @@ def _check_para(para_dict) -> Conv2dPara:
     return para
 
 
+def accumulation_dtype(dtype: str) -> str:
+    """The dtype the stages convert the inputs to and accumulate in, for an input ``dtype``
+    (of :data:`DTYPES`): float32 for float16 and float32 inputs."""
+    return ACC_DTYPE
+
+
 def _check_dtypes(filters, out_backprop) -> str:
     dtype = str(out_backprop.dtype)
     if dtype not in DTYPES:
@@ -247,7 +259,8 @@ def _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw) ->
         size_w = max([size_w] + [ceil_div(count, C0) * C0 + c + pad_w
                                  for count, _, taps, c in phases_w if taps])
     return Plan(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw,
-                tuple(phases_h), tuple(phases_w), pad_h, size_h, pad_w, size_w, positions)
+                tuple(phases_h), tuple(phases_w), pad_h, size_h, pad_w, size_w, positions,
+                accumulation_dtype(dtype))
 
 
 def _attrs(p: Plan, filters, out_backprop) -> dict:
