@@ -75,6 +75,28 @@ def check_int(param: str, value: object, *, lo: int | None = None, hi: int | Non
     return value
 
 
+def check_bool(param: str, value: object, *, numpy_bool: bool = False,
+               name_type: bool = False) -> bool:
+    """Return ``value`` if it is ``True`` or ``False`` (ints such as 0 / 1 are refused).
+
+    ``numpy_bool`` also accepts ``numpy.bool_`` (returned as a Python bool), for parameters
+    that arrive from numpy arrays (an ``output_mask``); ``name_type`` adds the offending
+    value's type to the rule ("must be True or False, got int").
+    """
+    if isinstance(value, bool):
+        return value
+    if numpy_bool:
+        try:
+            import numpy as np
+
+            if isinstance(value, np.bool_):
+                return bool(value)
+        except ImportError:  # pragma: no cover
+            pass
+    rule = "must be True or False"
+    raise fail(E_TYPE, param, value, f"{rule}, got {type(value).__name__}" if name_type else rule)
+
+
 def check_ints(param: str, value: object, length: int | Sequence[int], *, lo: int | None = None,
                hi: int | None = None, code: str = E_RANGE) -> tuple[int, ...]:
     """Return ``value`` as a tuple of ints of an allowed length, each within ``[lo, hi]``."""

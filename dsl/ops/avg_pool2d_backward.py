@@ -64,7 +64,6 @@ as precise as each mode permits. The combinations the seed marks unsupported on 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 
 from dsl.errors import (
@@ -75,20 +74,21 @@ from dsl.errors import (
     E_GEOMETRY_OUT,
     E_RANGE,
     E_SHAPE,
-    E_TYPE,
     E_VALUE,
     SUPPORTED_FLOATS,
     ceil_div,
+    check_bool,
     check_int,
     check_ints,
     check_shape,
     fail,
     te_shape,
 )
+from dsl.ops import tag
 from dsl.ops.group import C0
 from dsl.ops.layout import FORMAT_5HD
 
-TAG = "avg_pool2d_backward"
+TAG = tag.AVG_POOL2D_BACKWARD
 ACC_DTYPE = "float32"
 MAX_CHANNELS = 65535  # seed 004: "输入channel最大支持65535"
 CUBE_MATH_TYPES = {0: "KEEP_DTYPE", 1: "ALLOW_FP32_DOWN_PRECISION", 2: "USE_FP16",
@@ -203,12 +203,6 @@ class AvgPool2dGeometry:
                 "divisor_override": self.divisor_override}
 
 
-def _check_bool(param: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise fail(E_TYPE, param, value, f"must be True or False, got {type(value).__name__}")
-    return value
-
-
 def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, self_dtype,
                               kernel_size, stride, padding, ceil_mode, count_include_pad,
                               divisor_override, cube_math_type=0, *,
@@ -231,7 +225,21 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
     if str(grad_output_dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "grad_output.dtype", str(grad_output_dtype),
                    f"must equal self.dtype={dtype}")
+    window = _check_window(kernel_size, stride, padding)
+    ceil_mode = check_bool("ceil_mode", ceil_mode, name_type=True)
+    count_include_pad = check_bool("count_include_pad", count_include_pad, name_type=True)
+    divisor = check_int("divisor_override", divisor_override, lo=INT64_MIN, hi=INT64_MAX)
+    cube = _check_cube_math_type(cube_math_type, dtype)
+    c_axis, h_axis = _check_channels(x_shape, dy_shape, five)
+    ah, aw = _pooled_axes(x_shape, dy_shape, c_axis, h_axis, window, ceil_mode)
+    return AvgPool2dGeometry(
+        layout=FORMAT_5HD if five else "NCHW", in_shape=x_shape, out_shape=dy_shape,
+        dtype=dtype, h=ah, w=aw, ceil_mode=ceil_mode, count_include_pad=count_include_pad,
+        divisor_override=divisor, cube_math_type=cube)
 
+
+def _check_window(kernel_size, stride, padding):
+    """``((kH, kW), (sH, sW), (pH, pW))``: short forms expanded, pads at most half a kernel."""
     ks = check_ints("kernel_size", kernel_size, (1, 2), lo=1)
     ss = check_ints("stride", stride, (0, 1, 2), lo=1)
     ps = check_ints("padding", padding, (1, 2), lo=0)
@@ -242,9 +250,11 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
         if p > k // 2:  # PyTorch: "pad should be at most half of effective kernel size"
             raise fail(E_RANGE, "padding", list(ps),
                        f"pad {axis}={p} must be at most half the kernel ({k} // 2 = {k // 2})")
-    ceil_mode = _check_bool("ceil_mode", ceil_mode)
-    count_include_pad = _check_bool("count_include_pad", count_include_pad)
-    divisor = check_int("divisor_override", divisor_override, lo=INT64_MIN, hi=INT64_MAX)
+    return (kh, kw), (sh, sw), (ph, pw)
+
+
+def _check_cube_math_type(cube_math_type, dtype: str) -> int:
+    """0-3, refusing the combinations the seed marks unsupported for the dtype."""
     cube = check_int("cube_math_type", cube_math_type, lo=0, hi=3)
     if cube == 2 and dtype == "bfloat16":
         raise fail(E_VALUE, "cube_math_type", cube,
@@ -252,7 +262,11 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
     if cube == 3 and dtype != "float32":
         raise fail(E_VALUE, "cube_math_type", cube,
                    f"3 (USE_HF32) is supported only for float32 inputs, not {dtype}; use 0 or 1")
+    return cube
 
+
+def _check_channels(x_shape, dy_shape, five: bool) -> tuple[int, int]:
+    """The 5HD block, the channel limit; returns the (channel, H) axes of the layout."""
     if five:
         if x_shape[4] != C0 or dy_shape[4] != C0:
             raise fail(E_SHAPE, "self.shape" if x_shape[4] != C0 else "grad_output.shape",
@@ -265,7 +279,12 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
         what = "C1 (channels / 16, rounded up)" if five else "channels"
         raise fail(E_RANGE, f"self.shape[{c_axis}]", x_shape[c_axis],
                    f"{what} must be <= {max_c}: at most {MAX_CHANNELS} channels are supported")
+    return c_axis, h_axis
 
+
+def _pooled_axes(x_shape, dy_shape, c_axis, h_axis, window, ceil_mode):
+    """The (H, W) :class:`PoolAxis` pair, checking grad_output is the forward's output."""
+    (kh, kw), (sh, sw), (ph, pw) = window
     h_in, w_in = x_shape[h_axis], x_shape[h_axis + 1]
     ho = PoolAxis.out_size(h_in, kh, sh, ph, ceil_mode)
     wo = PoolAxis.out_size(w_in, kw, sw, pw, ceil_mode)
@@ -287,38 +306,42 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
                    f"spatial size must be the pooled size ({ho}, {wo}) of self {h_in}x{w_in} "
                    f"(kernel {kh}x{kw}, stride {sh}x{sw}, padding {ph}x{pw}, "
                    f"ceil_mode={ceil_mode})")
-    return AvgPool2dGeometry(
-        layout=FORMAT_5HD if five else "NCHW", in_shape=x_shape, out_shape=dy_shape,
-        dtype=dtype, h=PoolAxis(h_in, ho, kh, sh, ph), w=PoolAxis(w_in, wo, kw, sw, pw),
-        ceil_mode=ceil_mode, count_include_pad=count_include_pad, divisor_override=divisor,
-        cube_math_type=cube)
+    return PoolAxis(h_in, ho, kh, sh, ph), PoolAxis(w_in, wo, kw, sw, pw)
 
 
-
+# --- stages ----------------------------------------------------------------------------------
 
 def _compute(dy, geo: AvgPool2dGeometry):
     """The stages, for either layout. Index tuples are ``(*lead, h, w, *tail)``: lead is
     (N, C) / (C,) / (N, C1), tail is () or (C0,), so one gather serves both layouts."""
-    import tvm
-    from tvm import te
-
     h_axis = 2 if geo.layout == FORMAT_5HD else len(geo.in_shape) - 2
     ah, aw = geo.h, geo.w
     # NCHW with a W stride: gather in phases, acc[..., h, q, r] = dx[..., h, q*sW + r], so the
     # vector lanes (q) read consecutive dy columns and share one guard; (q, r) flattened is w,
     # so the output stage still reads acc contiguously. 5HD vectorises C0 and needs none.
     phases = aw.stride if geo.layout != FORMAT_5HD and aw.stride > 1 and not aw.direct else 1
-    wq = ceil_div(aw.n_in, phases)
     if phases > 1:
-        aw = replace(aw, n_pos=wq * phases)
+        aw = replace(aw, n_pos=ceil_div(aw.n_in, phases) * phases)
+    scaled = _scale_stage(dy, geo, h_axis, ah, aw)
+    formats = {dy.op.name: geo.layout, "grad_input": geo.layout}
+    attrs = tag.kernel_attrs(TAG, geo.as_json(), formats, layout=geo.layout, w_phases=phases)
+    return _output(geo, _gather(scaled, h_axis, ah, aw), phases, attrs)
 
-    def split(idx):
-        return idx[:h_axis], idx[h_axis], idx[h_axis + 1], idx[h_axis + 2:]
+
+def _split(idx, h_axis: int):
+    """``(lead, h, w, tail)`` of an index tuple."""
+    return idx[:h_axis], idx[h_axis], idx[h_axis + 1], idx[h_axis + 2:]
+
+
+def _scale_stage(dy, geo: AvgPool2dGeometry, h_axis: int, ah: PoolAxis, aw: PoolAxis):
+    """``scale``: dy / D in float32 with zero rows / columns around it."""
+    import tvm
+    from tvm import te
 
     zero = tvm.tirx.const(0, ACC_DTYPE)
 
     def scale_body(*idx):
-        lead, r, q, tail = split(idx)
+        lead, r, q, tail = _split(idx, h_axis)
         conds, src = [], []
         for pos, ax in ((r, ah), (q, aw)):
             o = pos - ax.pad_before
@@ -337,13 +360,20 @@ def _compute(dy, geo: AvgPool2dGeometry):
 
     scaled_shape = (*geo.out_shape[:h_axis], ah.padded_size, aw.padded_size,
                     *geo.out_shape[h_axis + 2:])
-    scaled = te.compute(scaled_shape, scale_body, name="grad_scaled", tag=f"{TAG}.scale")
+    return te.compute(scaled_shape, scale_body, name="grad_scaled", tag=tag.stage(TAG, "scale"))
 
+
+def _gather(scaled, h_axis: int, ah: PoolAxis, aw: PoolAxis):
+    """The body of the gather-sum: dx at an index is the sum of its windows' scaled dy."""
+    import tvm
+    from tvm import te
+
+    zero = tvm.tirx.const(0, ACC_DTYPE)
     jh = te.reduce_axis((0, ah.n_taps), name="jh")
     jw = te.reduce_axis((0, aw.n_taps), name="jw")
 
     def gather(*idx):
-        lead, i, j, tail = split(idx)
+        lead, i, j, tail = _split(idx, h_axis)
         row, cond_h = ah.tap(i, jh)
         col, cond_w = aw.tap(j, jw)
         val = scaled[(*lead, row, col, *tail)]
@@ -352,19 +382,23 @@ def _compute(dy, geo: AvgPool2dGeometry):
             val = tvm.tirx.Select(tvm.tirx.all(*conds), val, zero)
         return te.sum(val, axis=[jh, jw])
 
-    formats = {dy.op.name: geo.layout, "grad_input": geo.layout}
-    attrs = {"dsl_op": TAG, "dsl_params": json.dumps(geo.as_json(), sort_keys=True),
-             "dsl_formats": json.dumps(formats, sort_keys=True), "layout": geo.layout,
-             "w_phases": phases}
+    return gather
+
+
+def _output(geo: AvgPool2dGeometry, gather, phases: int, attrs: dict):
+    """``acc`` (absent for float32 without phases) and the anchor ``grad_input``."""
+    from tvm import te
+
     if phases == 1:
         if geo.dtype == ACC_DTYPE:
             return te.compute(geo.in_shape, gather, name="grad_input", tag=TAG, attrs=attrs)
-        acc = te.compute(geo.in_shape, gather, name="grad_acc", tag=f"{TAG}.acc")
+        acc = te.compute(geo.in_shape, gather, name="grad_acc", tag=tag.stage(TAG, "acc"))
         return te.compute(geo.in_shape, lambda *idx: acc[idx].astype(geo.dtype),
                           name="grad_input", tag=TAG, attrs=attrs)
+    wq = ceil_div(geo.in_shape[-1], phases)
     acc = te.compute((*geo.in_shape[:-1], wq, phases),
                      lambda *idx: gather(*idx[:-2], idx[-2] * phases + idx[-1]),
-                     name="grad_acc", tag=f"{TAG}.acc")
+                     name="grad_acc", tag=tag.stage(TAG, "acc"))
     return te.compute(
         geo.in_shape,
         lambda *idx: acc[(*idx[:-1], idx[-1] // phases, idx[-1] % phases)].astype(geo.dtype),

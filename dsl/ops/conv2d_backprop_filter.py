@@ -16,6 +16,12 @@ result : 4-D group FracZ ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)`` of ``res_dtype`` (
     default); positions that pair channels of different original groups, or pad channels, are
     exactly zero (TBE leaves cross-group products there; we do not).
 
+Code: :func:`plan` checks every argument (errors before any TE work) and decides the
+stages into a frozen :class:`Plan`; :func:`x_stage`, :func:`dy_stage`, the ``acc`` builders and
+:func:`scatter` each build one stage from it.
+Input dtypes are :data:`DTYPES` (checked in ``_check_dtypes``); every stage computes in
+``Plan.acc_dtype`` (:func:`accumulation_dtype` of the input dtype).
+
 Stages (schedules find them by tag)
 -----------------------------------
 ``conv2d_backprop_filter.x_pad``  x zero-padded to every ``o*stride + k*dilation``, fp32:
@@ -36,7 +42,7 @@ Stages (schedules find them by tag)
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 
 from dsl.errors import (
     E_CHANNEL,
@@ -51,13 +57,15 @@ from dsl.errors import (
     fail,
     te_shape,
 )
+from dsl.ops import tag
 from dsl.ops.conv_geometry import ConvAxis
 from dsl.ops.group import C0, GroupLayout, calculate_group
 from dsl.ops.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute, te_all
-from dsl.ops.para_dict import parse_conv2d_para
+from dsl.ops.para_dict import Conv2dPara, parse_conv2d_para
 
-TAG = "conv2d_backprop_filter"
+TAG = tag.CONV2D_BACKPROP_FILTER
 ACC_DTYPE = "float32"
+DTYPES = ("float16", "float32")  # of input_x and out_backprop (one dtype for both)
 
 
 def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
@@ -80,23 +88,110 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
     te.Tensor
         dw in group FracZ ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)``.
     """
-    import tvm
-    from tvm import te
+    p = plan(input_x, out_backprop, filter_sizes, para_dict)
+    xp = x_stage(p, input_x)
+    dyv = dy_stage(p, out_backprop)
+    acc = (_acc_cout_lanes if p.cout_lanes else _acc_cin_lanes)(p, xp, dyv)
+    return scatter(p, acc, _attrs(p, input_x, out_backprop))
 
+
+# --- check and plan --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked dw call and the decisions every stage reads (see the module docstring).
+
+    ``cout_lanes`` puts Cout in the vector lanes instead of Cin (a dense layer whose Cin pads
+    worse to 16 than its Cout, e.g. an RGB stem).
+    """
+
+    para: Conv2dPara
+    dtype: str  # of input_x and out_backprop
+    groups: int
+    group_dict: dict
+    lay: GroupLayout
+    w_sizes: tuple[int, int, int, int]  # (Cout, Cin/groups, KH, KW)
+    x_shape: tuple[int, int, int, int, int]  # (N, C1x, H, W, 16)
+    dy_shape: tuple[int, int, int, int, int]  # (N, C1y, Ho, Wo, 16)
+    ah: ConvAxis
+    aw: ConvAxis
+    cout_lanes: bool
+    acc_dtype: str  # every stage computes in it (see accumulation_dtype)
+
+    @property
+    def n(self) -> int:
+        return self.x_shape[0]
+
+    @property
+    def c1x(self) -> int:
+        return self.x_shape[1]
+
+    @property
+    def c1y(self) -> int:
+        return self.dy_shape[1]
+
+    @property
+    def cin(self) -> int:
+        return self.lay.cin
+
+    @property
+    def cout(self) -> int:
+        return self.w_sizes[0]
+
+    @property
+    def co_ext(self) -> int:
+        """Output channels of the compact acc: padded Cout (dense) or Cout_g."""
+        return self.c1y * C0 if self.lay.dense else self.lay.cout_g
+
+
+def plan(input_x, out_backprop, filter_sizes, para_dict) -> Plan:
+    """Check every argument (raising :class:`dsl.DslError` before any TE work) and plan the
+    stages. Same arguments as :func:`conv2d_backprop_filter`."""
     para = parse_conv2d_para(para_dict, op=TAG, default_res_dtype="float32",
                              allowed=("groups",))
     groups = check_int("para_dict['groups']", para_dict.get("groups", 1), lo=1, code=E_GROUPS)
     w_sizes = check_shape("filter_sizes", filter_sizes, 4)
     x_shape = te_shape("input_x", input_x, 5)
     dy_shape = te_shape("out_backprop", out_backprop, 5)
+    dtype = _check_dtypes(input_x, out_backprop)
+    _check_shapes(w_sizes, x_shape, dy_shape, groups)
+    (cout, cin_g, kh, kw), (n, c1x, h, w, _) = w_sizes, x_shape
+    gd = calculate_group((n, cout, 1, 1), (n, cin_g * groups, h, w), w_sizes, groups,
+                         filter_dtype=dtype)
+    lay = GroupLayout.from_weight(w_sizes, groups)
+    ah = ConvAxis.checked("H", h, dy_shape[2], kh, para.strides[0], para.pads[0], para.pads[1],
+                          para.dilations[0])
+    aw = ConvAxis.checked("W", w, dy_shape[3], kw, para.strides[1], para.pads[2], para.pads[3],
+                          para.dilations[1])
+    # group FracZ pads every group to whole 16x16 blocks: small weights can overflow int32
+    check_elems("filter_sizes", list(w_sizes), lay.fracz_shape, "the group FracZ dw")
+    check_elems("input_x.shape", list(x_shape),
+                (n, c1x, ah.x_padded_size, aw.x_padded_size, C0), "the padded x")
+    cout_lanes = lay.dense and dy_shape[1] * C0 * lay.cin < c1x * C0 * cout
+    return Plan(para, dtype, groups, gd, lay, w_sizes, x_shape, dy_shape, ah, aw, cout_lanes,
+                accumulation_dtype(dtype))
+
+
+def accumulation_dtype(dtype: str) -> str:
+    """The dtype the stages convert the inputs to and accumulate in, for an input ``dtype``
+    (of :data:`DTYPES`): float32 for float16 and float32 inputs."""
+    return ACC_DTYPE
+
+
+def _check_dtypes(input_x, out_backprop) -> str:
     dtype = str(input_x.dtype)
-    if dtype not in ("float16", "float32"):
+    if dtype not in DTYPES:
         raise fail(E_DTYPE, "input_x.dtype", dtype, "must be float16 or float32")
     if str(out_backprop.dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "out_backprop.dtype", str(out_backprop.dtype),
                    f"must equal input_x.dtype={dtype}")
-    cout, cin_g, kh, kw = w_sizes
-    n, c1x, h, w, x_c0 = x_shape
+    return dtype
+
+
+def _check_shapes(w_sizes, x_shape, dy_shape, groups: int) -> None:
+    """C0 blocks, x's channel blocks for ``Cin = Cin/groups * groups``, dy's batch and blocks."""
+    cout, cin_g = w_sizes[0], w_sizes[1]
+    n, c1x, x_c0 = x_shape[0], x_shape[1], x_shape[4]
     if x_c0 != C0 or dy_shape[4] != C0:
         raise fail(E_SHAPE, "input_x.shape" if x_c0 != C0 else "out_backprop.shape",
                    x_shape if x_c0 != C0 else dy_shape, f"must end in C0={C0}")
@@ -111,89 +206,124 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
     if dy_shape[1] != ceil_div(cout, C0):
         raise fail(E_CHANNEL, "out_backprop.shape[1]", dy_shape[1],
                    f"must be ceil(Cout/16)={ceil_div(cout, C0)} for filter_sizes[0]={cout}")
-    gd = calculate_group((n, cout, 1, 1), (n, cin, h, w), w_sizes, groups, filter_dtype=dtype)
-    lay = GroupLayout.from_weight(w_sizes, groups)
-    ah = ConvAxis.checked("H", h, dy_shape[2], kh, para.strides[0], para.pads[0], para.pads[1],
-                          para.dilations[0])
-    aw = ConvAxis.checked("W", w, dy_shape[3], kw, para.strides[1], para.pads[2], para.pads[3],
-                          para.dilations[1])
-    # group FracZ pads every group to whole 16x16 blocks: small weights can overflow int32
-    check_elems("filter_sizes", list(w_sizes), lay.fracz_shape, "the group FracZ dw")
-    check_elems("input_x.shape", list(x_shape),
-                (n, c1x, ah.x_padded_size, aw.x_padded_size, C0), "the padded x")
 
-    c1y = dy_shape[1]
-    cout_lanes = lay.dense and c1y * C0 * cin < c1x * C0 * cout
-    if cout_lanes:
+
+def _attrs(p: Plan, input_x, out_backprop) -> dict:
+    params = {**p.para.as_json(), "groups": p.groups, "group_dict": p.group_dict,
+              "filter_sizes": list(p.w_sizes)}
+    formats = {input_x.op.name: FORMAT_5HD, out_backprop.op.name: FORMAT_5HD,
+               "dw": FORMAT_FRACZ if p.groups == 1 else FORMAT_FRACZ_G}
+    return tag.kernel_attrs(TAG, params, formats)
+
+
+# --- stages ----------------------------------------------------------------------------------
+
+def x_stage(p: Plan, input_x):
+    """``x_pad``: x zero-padded to every ``o*stride + k*dilation``, in ``p.acc_dtype``; NCHW
+    with only the real channels when Cout is the lane axis; x itself when nothing is to do."""
+    import tvm
+    from tvm import te
+
+    ah, aw, acc = p.ah, p.aw, p.acc_dtype
+    if p.cout_lanes:
+        h, w = ah.n_in, aw.n_in
+
         # x is only broadcast, channel by channel: pad just the real channels, NCHW
         def xq_body(b, ci, hp, wp):
             src_h, src_w = hp - ah.pad_before, wp - aw.pad_before
             ok = tvm.tirx.all(src_h >= 0, src_h < h, src_w >= 0, src_w < w)
             val = input_x[b, ci // C0, te.max(te.min(src_h, h - 1), 0),
                           te.max(te.min(src_w, w - 1), 0), ci % C0]
-            return te.if_then_else(ok, val.astype(ACC_DTYPE), tvm.tirx.const(0, ACC_DTYPE))
+            return te.if_then_else(ok, val.astype(acc), tvm.tirx.const(0, acc))
 
-        xq = te.compute((n, cin, ah.x_padded_size, aw.x_padded_size), xq_body,
-                        name="dw_x_pad", tag=f"{TAG}.x_pad")
-    elif (dtype == ACC_DTYPE and ah.pad_before == aw.pad_before == 0
-          and (ah.x_padded_size, aw.x_padded_size) == (h, w)):
-        xp = input_x  # nothing to pad or convert (a 1x1 layer): no copy
-    else:
-        xp = pad_cast_5hd_compute(input_x, (ah.pad_before, aw.pad_before),
-                                  (ah.x_padded_size, aw.x_padded_size), ACC_DTYPE,
-                                  name="dw_x_pad", tag=f"{TAG}.x_pad")
-    co_ext = dy_shape[1] * C0 if lay.dense else lay.cout_g
-    rn = te.reduce_axis((0, n), name="n")
-    rh = te.reduce_axis((0, ah.n_out), name="ho")
-    rw = te.reduce_axis((0, aw.n_out), name="wo")
+        return te.compute((p.n, p.cin, ah.x_padded_size, aw.x_padded_size), xq_body,
+                          name="dw_x_pad", tag=tag.stage(TAG, "x_pad"))
+    if (p.dtype == acc and ah.pad_before == aw.pad_before == 0
+            and (ah.x_padded_size, aw.x_padded_size) == (ah.n_in, aw.n_in)):
+        return input_x  # nothing to pad or convert (a 1x1 layer): no copy
+    return pad_cast_5hd_compute(input_x, (ah.pad_before, aw.pad_before),
+                                (ah.x_padded_size, aw.x_padded_size), acc,
+                                name="dw_x_pad", tag=tag.stage(TAG, "x_pad"))
 
+
+def dy_stage(p: Plan, out_backprop):
+    """``dy_cast`` and, for groups > 1, ``dy_group``: dy as the reduction reads it."""
+    from tvm import te
+
+    lay, acc = p.lay, p.acc_dtype
     dy32 = out_backprop
-    if dtype != ACC_DTYPE and (lay.dense or lay.cin_g * lay.cout_g > 1):
+    if p.dtype != acc and (lay.dense or lay.cin_g * lay.cout_g > 1):
         # converted once, not once per broadcast in the reduction (dense) or per lane of the
         # regather (grouped: 16-bit lanes have no vector gather)
-        dy32 = te.compute(dy_shape, lambda *i: out_backprop[i].astype(ACC_DTYPE),
-                          name="dw_dy_cast", tag=f"{TAG}.dy_cast")
+        dy32 = te.compute(p.dy_shape, lambda *i: out_backprop[i].astype(acc),
+                          name="dw_dy_cast", tag=tag.stage(TAG, "dy_cast"))
     if lay.dense:
-        def dyv_of(cx1, co, cx0):
-            return dy32[rn, co // C0, rh, rw, co % C0].astype(ACC_DTYPE)
-    else:
-        def dyg_body(b, cx1, ho, wo, co, cx0):
-            c = cx1 * C0 + cx0
-            g, _ = lay.group_of_input_channel(c if cin % C0 == 0 else te.min(c, cin - 1))
-            dyc = g * lay.cout_g + co
-            return dy32[b, dyc // C0, ho, wo, dyc % C0].astype(ACC_DTYPE)
+        return dy32
 
-        # dy regathered per x lane (lane cx0 of block cx1 sees its group's channel co at
-        # [..., co, cx0]) so the reduction multiplies whole vectors instead of gathering
-        dyg = te.compute((n, c1x, ah.n_out, aw.n_out, lay.cout_g, C0), dyg_body,
-                         name="dw_dy_group", tag=f"{TAG}.dy_group")
-        def dyv_of(cx1, co, cx0):
-            return dyg[rn, cx1, rh, rw, co, cx0]
+    def dyg_body(b, cx1, ho, wo, co, cx0):
+        c = cx1 * C0 + cx0
+        g, _ = lay.group_of_input_channel(c if p.cin % C0 == 0 else te.min(c, p.cin - 1))
+        dyc = g * lay.cout_g + co
+        return dy32[b, dyc // C0, ho, wo, dyc % C0].astype(acc)
+
+    # dy regathered per x lane (lane cx0 of block cx1 sees its group's channel co at
+    # [..., co, cx0]) so the reduction multiplies whole vectors instead of gathering
+    return te.compute((p.n, p.c1x, p.ah.n_out, p.aw.n_out, lay.cout_g, C0), dyg_body,
+                      name="dw_dy_group", tag=tag.stage(TAG, "dy_group"))
+
+
+def _reduce_axes(p: Plan):
+    """The reduction ``(n, ho, wo)`` of the GEMM."""
+    from tvm import te
+
+    return (te.reduce_axis((0, p.n), name="n"), te.reduce_axis((0, p.ah.n_out), name="ho"),
+            te.reduce_axis((0, p.aw.n_out), name="wo"))
+
+
+def _acc_cin_lanes(p: Plan, xp, dyv):
+    """``acc``: ``dw_acc [C1x, KH, KW, CO, 16]``, Cin in the lanes."""
+    from tvm import te
+
+    ah, aw, acc = p.ah, p.aw, p.acc_dtype
+    rn, rh, rw = _reduce_axes(p)
 
     def acc_body(cx1, k_h, k_w, co, cx0):
+        if p.lay.dense:
+            dy = dyv[rn, co // C0, rh, rw, co % C0].astype(acc)
+        else:
+            dy = dyv[rn, cx1, rh, rw, co, cx0]
         xv = xp[rn, cx1, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation,
                 cx0]
-        return te.sum(dyv_of(cx1, co, cx0) * xv, axis=[rn, rh, rw])
+        return te.sum(dy * xv, axis=[rn, rh, rw])
 
-    if cout_lanes:
-        # few input channels (an RGB stem): Cout is the lane axis, so the padded lanes of
-        # Cin cost nothing; x is broadcast per real input channel
-        def acc_t_body(cy1, k_h, k_w, ci, cy0):
-            xv = xq[rn, ci, rh * ah.stride + k_h * ah.dilation,
-                    rw * aw.stride + k_w * aw.dilation]
-            dyv = dy32[rn, cy1, rh, rw, cy0].astype(ACC_DTYPE)
-            return te.sum(dyv * xv, axis=[rn, rh, rw])
+    return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",
+                      tag=tag.stage(TAG, "acc"))
 
-        acc = te.compute((c1y, kh, kw, cin, C0), acc_t_body, name="dw_acc_t", tag=f"{TAG}.acc")
-    else:
-        acc = te.compute((c1x, kh, kw, co_ext, C0), acc_body, name="dw_acc", tag=f"{TAG}.acc")
 
-    params = {**para.as_json(), "groups": groups, "group_dict": gd,
-              "filter_sizes": list(w_sizes)}
-    formats = {input_x.op.name: FORMAT_5HD, out_backprop.op.name: FORMAT_5HD,
-               "dw": FORMAT_FRACZ if groups == 1 else FORMAT_FRACZ_G}
-    attrs = {"dsl_op": TAG, "dsl_params": json.dumps(params, sort_keys=True),
-             "dsl_formats": json.dumps(formats, sort_keys=True)}
+def _acc_cout_lanes(p: Plan, xq, dy32):
+    """``acc``: ``dw_acc_t [C1y, KH, KW, Cin, 16]``. Few input channels (an RGB stem): Cout is
+    the lane axis, so the padded lanes of Cin cost nothing; x is broadcast per channel."""
+    from tvm import te
+
+    ah, aw = p.ah, p.aw
+    rn, rh, rw = _reduce_axes(p)
+
+    def acc_t_body(cy1, k_h, k_w, ci, cy0):
+        xv = xq[rn, ci, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation]
+        dyv = dy32[rn, cy1, rh, rw, cy0].astype(p.acc_dtype)
+        return te.sum(dyv * xv, axis=[rn, rh, rw])
+
+    return te.compute((p.c1y, p.lay.kh, p.lay.kw, p.cin, C0), acc_t_body, name="dw_acc_t",
+                      tag=tag.stage(TAG, "acc"))
+
+
+def scatter(p: Plan, acc, attrs: dict):
+    """The anchor ``dw``: the compact acc scattered into group FracZ, cast to res_dtype;
+    cross-group and pad-channel positions exactly zero."""
+    import tvm
+    from tvm import te
+
+    lay, res_dtype = p.lay, p.para.res_dtype
 
     def out_body(row, col1, col0, lane):
         co_orig, ci, k_h, k_w, conds = lay.weight_of_fracz(row, col1, col0, lane)
@@ -201,15 +331,15 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
             c, co = ci, co_orig
         else:
             g = co_orig // lay.cout_g
-            c, co = te.min(g * lay.cin_g + ci, c1x * C0 - 1), co_orig % lay.cout_g
-        if cout_lanes:
-            val = acc[co // C0, k_h, k_w, te.min(c, cin - 1), co % C0]
+            c, co = te.min(g * lay.cin_g + ci, p.c1x * C0 - 1), co_orig % lay.cout_g
+        if p.cout_lanes:
+            val = acc[co // C0, k_h, k_w, te.min(c, p.cin - 1), co % C0]
         else:
             val = acc[c // C0, k_h, k_w, co, c % C0]
-        val = val.astype(para.res_dtype)
+        val = val.astype(res_dtype)
         ok = te_all(conds)
         if ok is None:
             return val
-        return te.if_then_else(ok, val, tvm.tirx.const(0, para.res_dtype))
+        return te.if_then_else(ok, val, tvm.tirx.const(0, res_dtype))
 
     return te.compute(lay.fracz_shape, out_body, name="dw", tag=TAG, attrs=attrs)

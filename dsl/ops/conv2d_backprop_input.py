@@ -17,6 +17,12 @@ out_backprop : 5-D NC1HWC0, ``(N, ceil(Cout/16), Ho, Wo, 16)``, same dtype as ``
 result : 5-D NC1HWC0, ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype``; pad channels are zero.
     Byte-identical to TBE's 4-D ``(N, C1, H*W, 16)``.
 
+Code: :func:`plan` checks every argument (errors before any TE work) and decides the
+stages into a frozen :class:`Plan`; :func:`dy_stage`, :func:`weight_stage`, :func:`phase_acc`
+and :func:`interleave` each build one stage from it.
+Input dtypes are :data:`DTYPES` (checked in ``_check_dtypes``); every stage computes in
+``Plan.acc_dtype`` (:func:`accumulation_dtype` of the input dtype).
+
 Stages (schedules find them by tag)
 -----------------------------------
 dx is computed per output phase ``(ph, pw)`` (positions ``(q_h*sh + ph, q_w*sw + pw)``): each
@@ -43,7 +49,7 @@ multiplication by zero taps), so strided dx does exactly the forward's multiply-
 
 from __future__ import annotations
 
-import json
+from dataclasses import dataclass
 
 from dsl.errors import (
     E_CHANNEL,
@@ -59,15 +65,15 @@ from dsl.errors import (
     fail,
     te_shape,
 )
+from dsl.ops import tag
 from dsl.ops.conv_geometry import ConvAxis
 from dsl.ops.group import C0, GroupLayout, calculate_group, check_group_dict
 from dsl.ops.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute
-from dsl.ops.para_dict import check_offset_x, parse_conv2d_para
+from dsl.ops.para_dict import Conv2dPara, check_offset_x, parse_conv2d_para
 
-TAG = "conv2d_backprop_input"
+TAG = tag.CONV2D_BACKPROP_INPUT
 ACC_DTYPE = "float32"
-
-
+DTYPES = ("float16", "float32")  # of filters and out_backprop (one dtype for both)
 
 
 def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para_dict):
@@ -94,41 +100,136 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     te.Tensor
         dx, NC1HWC0 ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype``.
     """
-    import tvm
-    from tvm import te
+    p = plan(filters, out_backprop, filter_sizes, input_sizes, para_dict)
+    dyp = dy_stage(p, out_backprop)
+    wt = weight_stage(p, filters)
+    accs = {(ph, pw): phase_acc(p, dyp, wt, ph, pw) for ph in range(len(p.phases_h))
+            for pw in range(len(p.phases_w)) if p.phases_h[ph][2] and p.phases_w[pw][2]}
+    return interleave(p, accs, _attrs(p, filters, out_backprop))
 
+
+# --- check and plan --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Plan:
+    """A checked dx call and the decisions every stage reads (see the module docstring).
+
+    ``phases_h`` / ``phases_w`` are :func:`axis_phases` of each axis; ``pad_*`` / ``size_*``
+    the zero rows before dy and its padded length (:func:`dy_padding`); ``positions`` puts dx
+    positions (W) in the vector lanes instead of Cin (an RGB stem).
+    """
+
+    para: Conv2dPara
+    dtype: str  # of filters and out_backprop
+    groups: int
+    group_dict: dict
+    lay: GroupLayout
+    w_sizes: tuple[int, int, int, int]  # (Cout, Cin/groups, KH, KW)
+    x_sizes: tuple[int, int, int, int]  # (N, Cin, H, W)
+    dy_shape: tuple[int, ...]
+    ah: ConvAxis
+    aw: ConvAxis
+    phases_h: tuple[tuple[int, int, int, int], ...]
+    phases_w: tuple[tuple[int, int, int, int], ...]
+    pad_h: int
+    size_h: int
+    pad_w: int
+    size_w: int
+    positions: bool
+    acc_dtype: str  # every stage computes in it (see accumulation_dtype)
+
+    @property
+    def n(self) -> int:
+        return self.x_sizes[0]
+
+    @property
+    def cin(self) -> int:
+        return self.x_sizes[1]
+
+    @property
+    def cout(self) -> int:
+        return self.w_sizes[0]
+
+    @property
+    def c1x(self) -> int:
+        return ceil_div(self.cin, C0)
+
+    @property
+    def c1y(self) -> int:
+        return self.dy_shape[1]
+
+    @property
+    def co_ext(self) -> int:
+        """Reduction extent over output channels: padded Cout (dense) or Cout_g."""
+        return self.c1y * C0 if self.lay.dense else self.lay.cout_g
+
+
+def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
+    """Check every argument (raising :class:`dsl.DslError` before any TE work) and plan the
+    stages. Same arguments as :func:`conv2d_backprop_input`."""
+    para = _check_para(para_dict)
+    w_sizes = check_shape("filter_sizes", filter_sizes, 4)
+    x_sizes = check_shape("input_sizes", input_sizes, 4)
+    dy_shape = te_shape("out_backprop", out_backprop, 5)
+    fz_shape = te_shape("filters", filters, 4)
+    dtype = _check_dtypes(filters, out_backprop)
+    groups = _groups(para_dict, x_sizes[1], w_sizes[1])
+    gd = calculate_group((x_sizes[0], w_sizes[0], 1, 1), x_sizes, w_sizes, groups,
+                         filter_dtype=dtype)
+    if "group_dict" in para_dict:
+        check_group_dict(para_dict["group_dict"], gd)
+    lay = GroupLayout.from_weight(w_sizes, groups)
+    _check_shapes(w_sizes, x_sizes, dy_shape, fz_shape, lay)
+    (n, cin, h, w), (_, _, kh, kw) = x_sizes, w_sizes
+    ah = ConvAxis.checked("H", h, dy_shape[2], kh, para.strides[0], para.pads[0], para.pads[1],
+                          para.dilations[0])
+    aw = ConvAxis.checked("W", w, dy_shape[3], kw, para.strides[1], para.pads[2], para.pads[3],
+                          para.dilations[1])
+    # input_sizes can fit int32 while its 5HD result (C padded to 16) does not
+    check_elems("input_sizes", list(x_sizes), (n, ceil_div(cin, C0), h, w, C0), "the 5HD dx")
+    return _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw)
+
+
+def _check_para(para_dict) -> Conv2dPara:
     para = parse_conv2d_para(para_dict, op=TAG, default_res_dtype="float16",
                              allowed=("offset_x", "offset_w", "group_dict", "groups"))
     check_offset_x(para_dict.get("offset_x", 0))
     if para_dict.get("offset_w") is not None:
         raise fail(E_VALUE, "para_dict['offset_w']", para_dict["offset_w"],
                    "must be None: weight offsets (int8 quantisation) are not supported")
-    w_sizes = check_shape("filter_sizes", filter_sizes, 4)
-    x_sizes = check_shape("input_sizes", input_sizes, 4)
-    dy_shape = te_shape("out_backprop", out_backprop, 5)
-    fz_shape = te_shape("filters", filters, 4)
+    return para
+
+
+def accumulation_dtype(dtype: str) -> str:
+    """The dtype the stages convert the inputs to and accumulate in, for an input ``dtype``
+    (of :data:`DTYPES`): float32 for float16 and float32 inputs."""
+    return ACC_DTYPE
+
+
+def _check_dtypes(filters, out_backprop) -> str:
     dtype = str(out_backprop.dtype)
-    if dtype not in ("float16", "float32"):
+    if dtype not in DTYPES:
         raise fail(E_DTYPE, "out_backprop.dtype", dtype, "must be float16 or float32")
     if str(filters.dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "filters.dtype", str(filters.dtype),
                    f"must equal out_backprop.dtype={dtype}")
+    return dtype
 
-    cout, cin_g, kh, kw = w_sizes
-    n, cin, h, w = x_sizes
+
+def _groups(para_dict: dict, cin: int, cin_g: int) -> int:
+    """``groups`` as given, else ``group_dict['groups']``, else ``Cin / (Cin/groups)``."""
     if "groups" in para_dict:
-        groups = check_int("para_dict['groups']", para_dict["groups"], lo=1, code=E_GROUPS)
-    elif "group_dict" in para_dict and isinstance(para_dict["group_dict"], dict) \
-            and "groups" in para_dict["group_dict"]:
-        groups = check_int("para_dict['group_dict']['groups']",
-                           para_dict["group_dict"]["groups"], lo=1, code=E_GROUPS)
-    else:
-        groups = cin // cin_g if cin % cin_g == 0 else 1
-    gd = calculate_group((n, cout, 1, 1), x_sizes, w_sizes, groups, filter_dtype=dtype)
-    if "group_dict" in para_dict:
-        check_group_dict(para_dict["group_dict"], gd)
-    lay = GroupLayout.from_weight(w_sizes, groups)
+        return check_int("para_dict['groups']", para_dict["groups"], lo=1, code=E_GROUPS)
+    gd = para_dict.get("group_dict")
+    if "group_dict" in para_dict and isinstance(gd, dict) and "groups" in gd:
+        return check_int("para_dict['group_dict']['groups']", gd["groups"], lo=1,
+                         code=E_GROUPS)
+    return cin // cin_g if cin % cin_g == 0 else 1
 
+
+def _check_shapes(w_sizes, x_sizes, dy_shape, fz_shape, lay: GroupLayout) -> None:
+    """dy's batch and channel blocks, and the weight's (group) FracZ shape."""
+    cout, n = w_sizes[0], x_sizes[0]
     if dy_shape[0] != n:
         raise fail(E_SHAPE, "out_backprop.shape[0]", dy_shape[0],
                    f"must equal the batch input_sizes[0]={n}")
@@ -139,167 +240,222 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     if fz_shape != lay.fracz_shape:
         raise fail(E_CHANNEL, "filters.shape", fz_shape,
                    f"must be the group FracZ shape {lay.fracz_shape} of filter_sizes={w_sizes} "
-                   f"with groups={groups}")
-    ah = ConvAxis.checked("H", h, dy_shape[2], kh, para.strides[0], para.pads[0], para.pads[1],
-                          para.dilations[0])
-    aw = ConvAxis.checked("W", w, dy_shape[3], kw, para.strides[1], para.pads[2], para.pads[3],
-                          para.dilations[1])
-    # input_sizes can fit int32 while its 5HD result (C padded to 16) does not
-    check_elems("input_sizes", list(x_sizes), (n, ceil_div(cin, C0), h, w, C0), "the 5HD dx")
+                   f"with groups={lay.groups}")
 
-    c1x, c1y = ceil_div(cin, C0), dy_shape[1]
+
+def _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw) -> Plan:
+    """The stage decisions of a checked call: phases, dy padding, which axis the lanes run."""
+    cout, cin = w_sizes[0], x_sizes[1]
     phases_h, phases_w = axis_phases(ah), axis_phases(aw)
     pad_h, size_h = dy_padding(ah, phases_h)
     pad_w, size_w = dy_padding(aw, phases_w)
-    co_ext = c1y * C0 if lay.dense else lay.cout_g  # reduction extent over output channels
-
-    def channel(cx1, cx0):
-        """(g, ci) of dx channel cx1*16+cx0, clamped so pad channels index real data."""
-        c = cx1 * C0 + cx0
-        return lay.group_of_input_channel(c if cin % C0 == 0 else te.min(c, cin - 1))
-
     # few input channels (an RGB stem): Cin in the lanes would be mostly padding, so the
     # lanes run along W instead: dy and the weight go to NCHW-like layouts, dx positions are
     # the vector, the weight is broadcast per (ci, tap, co)
-    positions = lay.dense and c1y * C0 * cin < c1x * C0 * cout
+    positions = lay.dense and dy_shape[1] * C0 * cin < ceil_div(cin, C0) * C0 * cout
     if positions:
         # each phase computes a whole number of 16-wide rows (the extra columns read dy's
         # zero padding and are never picked), so no vector is ragged
         size_w = max([size_w] + [ceil_div(count, C0) * C0 + c + pad_w
                                  for count, _, taps, c in phases_w if taps])
+    return Plan(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw,
+                tuple(phases_h), tuple(phases_w), pad_h, size_h, pad_w, size_w, positions,
+                accumulation_dtype(dtype))
 
+
+def _attrs(p: Plan, filters, out_backprop) -> dict:
+    params = {**p.para.as_json(), "offset_x": 0, "offset_w": None, "group_dict": p.group_dict,
+              "filter_sizes": list(p.w_sizes), "input_sizes": list(p.x_sizes)}
+    formats = {filters.op.name: FORMAT_FRACZ if p.groups == 1 else FORMAT_FRACZ_G,
+               out_backprop.op.name: FORMAT_5HD, "dx": FORMAT_5HD}
+    return tag.kernel_attrs(TAG, params, formats)
+
+
+# --- stages ----------------------------------------------------------------------------------
+
+def _channel(p: Plan, cx1, cx0):
+    """(g, ci) of dx channel cx1*16+cx0, clamped so pad channels index real data."""
+    from tvm import te
+
+    c = cx1 * C0 + cx0
+    return p.lay.group_of_input_channel(c if p.cin % C0 == 0 else te.min(c, p.cin - 1))
+
+
+def _padded_dy(p: Plan, dy, b, ch, hp, wp):
+    """dy channel ``ch`` at padded row / column ``(hp, wp)`` in ``p.acc_dtype``; zero in the
+    padding (the read is clamped so it stays in bounds where both arms are evaluated)."""
+    import tvm
+    from tvm import te
+
+    ah, aw = p.ah, p.aw
+    src_h, src_w = hp - p.pad_h, wp - p.pad_w
+    val = dy[b, ch // C0, te.max(te.min(src_h, ah.n_out - 1), 0),
+             te.max(te.min(src_w, aw.n_out - 1), 0), ch % C0]
+    ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
+    return te.if_then_else(ok, val.astype(p.acc_dtype), tvm.tirx.const(0, p.acc_dtype))
+
+
+def dy_stage(p: Plan, out_backprop):
+    """``dy_pad`` (and ``dy_cast``): dy in ``p.acc_dtype``, zero-padded so every listed tap
+    reads in bounds, in the layout the reduction reads; dy itself when nothing is to do."""
+    from tvm import te
+
+    if p.positions:
         def dyt_body(b, co, hp, wp):
-            src_h, src_w = hp - pad_h, wp - pad_w
-            val = out_backprop[b, co // C0, te.max(te.min(src_h, ah.n_out - 1), 0),
-                               te.max(te.min(src_w, aw.n_out - 1), 0), co % C0]
-            ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
-            return te.if_then_else(ok, val.astype(ACC_DTYPE), tvm.tirx.const(0, ACC_DTYPE))
+            return _padded_dy(p, out_backprop, b, co, hp, wp)
 
-        dyp = te.compute((n, cout, size_h, size_w), dyt_body, name="dx_dy_pad",
-                         tag=f"{TAG}.dy_pad")
-    elif lay.dense and dtype == ACC_DTYPE and pad_h == pad_w == 0 and \
-            (size_h, size_w) == (ah.n_out, aw.n_out):
-        dyp = out_backprop  # nothing to pad or convert (a 1x1 layer): no copy
-    elif lay.dense:
-        dyp = pad_cast_5hd_compute(out_backprop, (pad_h, pad_w), (size_h, size_w), ACC_DTYPE,
-                                   name="dx_dy_pad", tag=f"{TAG}.dy_pad")
-    else:
-        dy32 = out_backprop
-        if dtype != ACC_DTYPE and lay.cin_g * lay.cout_g > 1:
-            # the regather below moves single lanes, and 16-bit lanes have no vector gather
-            dy32 = te.compute(dy_shape, lambda *i: out_backprop[i].astype(ACC_DTYPE),
-                              name="dx_dy_cast", tag=f"{TAG}.dy_cast")
+        return te.compute((p.n, p.cout, p.size_h, p.size_w), dyt_body, name="dx_dy_pad",
+                          tag=tag.stage(TAG, "dy_pad"))
+    if p.lay.dense and p.dtype == p.acc_dtype and p.pad_h == p.pad_w == 0 and \
+            (p.size_h, p.size_w) == (p.ah.n_out, p.aw.n_out):
+        return out_backprop  # nothing to pad or convert (a 1x1 layer): no copy
+    if p.lay.dense:
+        return pad_cast_5hd_compute(out_backprop, (p.pad_h, p.pad_w), (p.size_h, p.size_w),
+                                    p.acc_dtype, name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
+    return _dy_regather(p, out_backprop)
 
-        def dyg_body(b, cx1, hp, wp, co, cx0):
-            g, _ = channel(cx1, cx0)
-            dyc = g * lay.cout_g + co
-            src_h, src_w = hp - pad_h, wp - pad_w
-            val = dy32[b, dyc // C0, te.max(te.min(src_h, ah.n_out - 1), 0),
-                       te.max(te.min(src_w, aw.n_out - 1), 0), dyc % C0]
-            ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
-            return te.if_then_else(ok, val.astype(ACC_DTYPE), tvm.tirx.const(0, ACC_DTYPE))
 
-        # dy regathered per dx lane: lane cx0 of block cx1 finds its group's dy channel co at
-        # [..., co, cx0], so the reduction loads whole vectors instead of gathering lanes
-        dyp = te.compute((n, c1x, size_h, size_w, lay.cout_g, C0), dyg_body, name="dx_dy_pad",
-                         tag=f"{TAG}.dy_pad")
+def _dy_regather(p: Plan, out_backprop):
+    """Grouped dy regathered per dx lane: lane cx0 of block cx1 finds its group's dy channel
+    co at ``[..., co, cx0]``, so the reduction loads whole vectors instead of gathering."""
+    from tvm import te
 
-    def weight_body(cx1, k_h, k_w, co, cx0):
-        g, ci = channel(cx1, cx0)
-        row, lane = lay.fracz_row_lane(g, ci, k_h, k_w)
-        col1, col0 = lay.fracz_col(g, co)
-        val = filters[row, col1, col0, lane].astype(ACC_DTYPE)
-        conds = []
-        if cin % C0:
-            conds.append(cx1 * C0 + cx0 < cin)
-        if lay.dense and cout % C0:
-            conds.append(co < cout)
-        if not conds:
-            return val
-        return te.if_then_else(tvm.tirx.all(*conds), val, tvm.tirx.const(0, ACC_DTYPE))
+    lay, acc = p.lay, p.acc_dtype
+    dy32 = out_backprop
+    if p.dtype != acc and lay.cin_g * lay.cout_g > 1:
+        # the regather below moves single lanes, and 16-bit lanes have no vector gather
+        dy32 = te.compute(p.dy_shape, lambda *i: out_backprop[i].astype(acc),
+                          name="dx_dy_cast", tag=tag.stage(TAG, "dy_cast"))
 
-    if positions:
+    def dyg_body(b, cx1, hp, wp, co, cx0):
+        g, _ = _channel(p, cx1, cx0)
+        return _padded_dy(p, dy32, b, g * lay.cout_g + co, hp, wp)
+
+    return te.compute((p.n, p.c1x, p.size_h, p.size_w, lay.cout_g, C0), dyg_body,
+                      name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
+
+
+def weight_stage(p: Plan, filters):
+    """``weight``: the FracZ weight repacked for the reduction, in ``p.acc_dtype``:
+    ``[Cin, KH, KW, Cout]`` (positions) or ``[C1x, KH, KW, CO, 16]`` with zero pad channels."""
+    import tvm
+    from tvm import te
+
+    lay, acc = p.lay, p.acc_dtype
+    if p.positions:
         def weight_p_body(ci, k_h, k_w, co):
             row, lane = lay.fracz_row_lane(0, ci, k_h, k_w)
-            return filters[row, co // C0, co % C0, lane].astype(ACC_DTYPE)
+            return filters[row, co // C0, co % C0, lane].astype(acc)
 
-        wt = te.compute((cin, kh, kw, cout), weight_p_body, name="dx_weight",
-                        tag=f"{TAG}.weight")
+        return te.compute((p.cin, lay.kh, lay.kw, p.cout), weight_p_body, name="dx_weight",
+                          tag=tag.stage(TAG, "weight"))
+
+    def weight_body(cx1, k_h, k_w, co, cx0):
+        g, ci = _channel(p, cx1, cx0)
+        row, lane = lay.fracz_row_lane(g, ci, k_h, k_w)
+        col1, col0 = lay.fracz_col(g, co)
+        val = filters[row, col1, col0, lane].astype(acc)
+        conds = []
+        if p.cin % C0:
+            conds.append(cx1 * C0 + cx0 < p.cin)
+        if lay.dense and p.cout % C0:
+            conds.append(co < p.cout)
+        if not conds:
+            return val
+        return te.if_then_else(tvm.tirx.all(*conds), val, tvm.tirx.const(0, acc))
+
+    return te.compute((p.c1x, lay.kh, lay.kw, p.co_ext, C0), weight_body, name="dx_weight",
+                      tag=tag.stage(TAG, "weight"))
+
+
+def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
+    """``acc`` of the dx positions ``(q_h*sh + ph, q_w*sw + pw)``: every tap index is affine
+    in ``q`` and the reduction step ``(jh, jw)``."""
+    from tvm import te
+
+    (nq_h, k0_h, nt_h, c_h), (nq_w, k0_w, nt_w, c_w) = p.phases_h[ph], p.phases_w[pw]
+    st_h, st_w = p.ah.tap_step, p.aw.tap_step
+    dr_h, dr_w = st_h * p.ah.dilation // p.ah.stride, st_w * p.aw.dilation // p.aw.stride
+    jh = te.reduce_axis((0, nt_h), name="jh")
+    jw = te.reduce_axis((0, nt_w), name="jw")
+
+    def tap(qh, qw):
+        """(dy row, dy column, kh, kw) that step (jh, jw) of position (qh, qw) reads."""
+        return (qh + (c_h + p.pad_h) - jh * dr_h, qw + (c_w + p.pad_w) - jw * dr_w,
+                k0_h + jh * st_h, k0_w + jw * st_w)
+
+    suffix = "" if len(p.phases_h) * len(p.phases_w) == 1 else f"_{ph}_{pw}"
+    if p.positions:
+        return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
+    return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
+
+
+def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
+    """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``."""
+    from tvm import te
+
+    if p.lay.dense:
+        rco1 = te.reduce_axis((0, p.c1y), name="co1")
+        rco0 = te.reduce_axis((0, C0), name="co0")
+        red = [rco1, *jhw, rco0]
     else:
-        wt = te.compute((c1x, kh, kw, co_ext, C0), weight_body, name="dx_weight",
-                        tag=f"{TAG}.weight")
+        rco = te.reduce_axis((0, p.lay.cout_g), name="co")
+        red = [*jhw, rco]
 
-    def phase_acc(ph, pw):
-        """acc of the dx positions (q_h*sh + ph, q_w*sw + pw): every tap index is affine."""
-        (nq_h, k0_h, nt_h, c_h), (nq_w, k0_w, nt_w, c_w) = phases_h[ph], phases_w[pw]
-        st_h, st_w = ah.tap_step, aw.tap_step
-        dr_h, dr_w = st_h * ah.dilation // ah.stride, st_w * aw.dilation // aw.stride
-        jh = te.reduce_axis((0, nt_h), name="jh")
-        jw = te.reduce_axis((0, nt_w), name="jw")
-        if lay.dense:
-            rco1 = te.reduce_axis((0, c1y), name="co1")
-            rco0 = te.reduce_axis((0, C0), name="co0")
-            red = [rco1, jh, jw, rco0]
+    def body(b, cx1, qh, qw, cx0):
+        row_h, row_w, k_h, k_w = tap(qh, qw)
+        if p.lay.dense:
+            dyv = dyp[b, rco1, row_h, row_w, rco0]
+            wv = wt[cx1, k_h, k_w, rco1 * C0 + rco0, cx0]
         else:
-            rco = te.reduce_axis((0, lay.cout_g), name="co")
-            red = [jh, jw, rco]
+            dyv = dyp[b, cx1, row_h, row_w, rco, cx0]
+            wv = wt[cx1, k_h, k_w, rco, cx0]
+        return te.sum(dyv * wv, axis=red)
 
-        def body(b, cx1, qh, qw, cx0):
-            row_h = qh + (c_h + pad_h) - jh * dr_h
-            row_w = qw + (c_w + pad_w) - jw * dr_w
-            k_h, k_w = k0_h + jh * st_h, k0_w + jw * st_w
-            if lay.dense:
-                dyv = dyp[b, rco1, row_h, row_w, rco0]
-                wv = wt[cx1, k_h, k_w, rco1 * C0 + rco0, cx0]
-            else:
-                dyv = dyp[b, cx1, row_h, row_w, rco, cx0]
-                wv = wt[cx1, k_h, k_w, rco, cx0]
-            return te.sum(dyv * wv, axis=red)
+    return te.compute((p.n, p.c1x, *nq, C0), body, name=f"dx_acc{suffix}",
+                      tag=tag.stage(TAG, "acc"))
 
-        suffix = "" if len(phases_h) * len(phases_w) == 1 else f"_{ph}_{pw}"
-        if not positions:
-            return te.compute((n, c1x, nq_h, nq_w, C0), body, name=f"dx_acc{suffix}",
-                              tag=f"{TAG}.acc")
-        rco = te.reduce_axis((0, cout), name="co")
 
-        def body_p(b, ci, qh, qw):
-            row_h = qh + (c_h + pad_h) - jh * dr_h
-            row_w = qw + (c_w + pad_w) - jw * dr_w
-            return te.sum(dyp[b, rco, row_h, row_w]
-                          * wt[ci, k0_h + jh * st_h, k0_w + jw * st_w, rco],
-                          axis=[rco, jh, jw])
+def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
+    """W positions in the lanes: ``dx_acc_w* [N, Cin, Hq, Wq']``, ``Wq`` rounded up to 16."""
+    from tvm import te
 
-        return te.compute((n, cin, nq_h, ceil_div(nq_w, C0) * C0), body_p,
-                          name=f"dx_acc_w{suffix}", tag=f"{TAG}.acc")
+    rco = te.reduce_axis((0, p.cout), name="co")
 
-    accs = {(ph, pw): phase_acc(ph, pw) for ph in range(len(phases_h))
-            for pw in range(len(phases_w)) if phases_h[ph][2] and phases_w[pw][2]}
+    def body_p(b, ci, qh, qw):
+        row_h, row_w, k_h, k_w = tap(qh, qw)
+        return te.sum(dyp[b, rco, row_h, row_w] * wt[ci, k_h, k_w, rco], axis=[rco, *jhw])
 
-    params = {**para.as_json(), "offset_x": 0, "offset_w": None, "group_dict": gd,
-              "filter_sizes": list(w_sizes), "input_sizes": list(x_sizes)}
-    formats = {filters.op.name: FORMAT_FRACZ if groups == 1 else FORMAT_FRACZ_G,
-               out_backprop.op.name: FORMAT_5HD, "dx": FORMAT_5HD}
-    attrs = {"dsl_op": TAG, "dsl_params": json.dumps(params, sort_keys=True),
-             "dsl_formats": json.dumps(formats, sort_keys=True)}
+    return te.compute((p.n, p.cin, nq[0], ceil_div(nq[1], C0) * C0), body_p,
+                      name=f"dx_acc_w{suffix}", tag=tag.stage(TAG, "acc"))
+
+
+def interleave(p: Plan, accs: dict, attrs: dict):
+    """The anchor ``dx``: the phases interleaved, pad channels zeroed, cast to res_dtype."""
+    import tvm
+    from tvm import te
+
+    zero = tvm.tirx.const(0, p.acc_dtype)
 
     def out_body(b, cx1, i, j, cx0):
-        sh, sw = len(phases_h), len(phases_w)
-        val = tvm.tirx.const(0, ACC_DTYPE)
+        sh, sw = len(p.phases_h), len(p.phases_w)
+        val = zero
         for (ph, pw), acc in accs.items():
             # clamped: a vectorised select may evaluate both arms
-            qh = te.min(i // sh, phases_h[ph][0] - 1) if sh > 1 else i
-            qw = te.min(j // sw, phases_w[pw][0] - 1) if sw > 1 else j
-            if positions:
-                pick = acc[b, te.min(cx1 * C0 + cx0, cin - 1), qh, qw]
+            qh = te.min(i // sh, p.phases_h[ph][0] - 1) if sh > 1 else i
+            qw = te.min(j // sw, p.phases_w[pw][0] - 1) if sw > 1 else j
+            if p.positions:
+                pick = acc[b, te.min(cx1 * C0 + cx0, p.cin - 1), qh, qw]
             else:
                 pick = acc[b, cx1, qh, qw, cx0]
             conds = ([i % sh == ph] if sh > 1 else []) + ([j % sw == pw] if sw > 1 else [])
             val = te.if_then_else(tvm.tirx.all(*conds), pick, val) if conds else pick
-        if cin % C0:
-            val = te.if_then_else(cx1 * C0 + cx0 < cin, val, tvm.tirx.const(0, ACC_DTYPE))
-        return val.astype(para.res_dtype)
+        if p.cin % C0:
+            val = te.if_then_else(cx1 * C0 + cx0 < p.cin, val, zero)
+        return val.astype(p.para.res_dtype)
 
-    return te.compute((n, c1x, h, w, C0), out_body, name="dx", tag=TAG, attrs=attrs)
+    n, _, h, w = p.x_sizes
+    return te.compute((n, p.c1x, h, w, C0), out_body, name="dx", tag=TAG, attrs=attrs)
 
 
 def axis_phases(ax: ConvAxis) -> list[tuple[int, int, int, int]]:

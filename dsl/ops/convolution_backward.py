@@ -93,7 +93,6 @@ once between them.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,15 +106,17 @@ from dsl.errors import (
     E_TYPE,
     E_VALUE,
     SUPPORTED_FLOATS,
+    check_bool,
     check_dtype,
     check_int,
     check_ints,
     fail,
     te_shape,
 )
+from dsl.ops import tag
 from dsl.ops.conv_geometry import ConvAxis
 
-TAG = "convolution_backward"
+TAG = tag.CONVOLUTION_BACKWARD
 ACC_DTYPE = "float32"
 KEEP_DTYPE, ALLOW_FP32_DOWN_PRECISION, USE_FP16, USE_HF32 = 0, 1, 2, 3
 CUBE_MATH_TYPES = {KEEP_DTYPE: "KEEP_DTYPE", ALLOW_FP32_DOWN_PRECISION:
@@ -187,6 +188,16 @@ class Plan:
     def cyg(self) -> int:
         return self.cy // self.groups
 
+    @property
+    def need_adjoint(self) -> bool:
+        """grad_input as the adjoint of the plain convolution (not transposed)."""
+        return self.output_mask[0] and not self.transposed
+
+    @property
+    def need_forward(self) -> bool:
+        """grad_input as a plain forward convolution of grad_output (transposed)."""
+        return self.output_mask[0] and self.transposed
+
     def as_json(self) -> dict:
         return {"nd": self.nd, "transposed": self.transposed, "groups": self.groups,
                 "output_mask": list(self.output_mask), "cube_math_type": self.cube_math_type,
@@ -196,25 +207,35 @@ class Plan:
                 "dilation": list(self.dilation), "output_padding": list(self.output_padding)}
 
 
-def _check_bool(param: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.bool_):
-                return bool(value)
-        except ImportError:  # pragma: no cover
-            pass
-        raise fail(E_TYPE, param, value, "must be True or False")
-    return value
-
-
 def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_shape,
          weight_dtype, bias_sizes, stride, padding, dilation, transposed, output_padding,
          groups, output_mask, cube_math_type=0) -> Plan:
     """Check every parameter and shape relation of the seed on plain values; see the module
     docstring. Raises :class:`dsl.DslError` (nothing is compiled before this passes)."""
-    transposed = _check_bool("transposed", transposed)
+    transposed = check_bool("transposed", transposed, numpy_bool=True)
+    mask = _check_mask(output_mask)
+    cmt = check_int("cube_math_type", cube_math_type, lo=0, hi=3)
+    groups = check_int("groups", groups, lo=1, hi=INT32_MAX, code=E_GROUPS)
+    w = check_ints("weight.shape", weight_shape, (3, 4, 5), lo=0, code=E_SHAPE)
+    nd = len(w) - 2
+    go = check_ints("grad_output.shape", grad_output_shape, len(w), lo=0, code=E_SHAPE)
+    x = check_ints("input.shape", input_shape, len(w), lo=0, code=E_SHAPE)
+    dtypes = (check_dtype("grad_output.dtype", grad_output_dtype, SUPPORTED_FLOATS),
+              check_dtype("input.dtype", input_dtype, SUPPORTED_FLOATS),
+              check_dtype("weight.dtype", weight_dtype, SUPPORTED_FLOATS))
+    stride, pads, dil, opad = _check_spatial(nd, stride, padding, dilation, output_padding,
+                                             transposed)
+    _check_empty(go, x, w, transposed)
+    _check_channels(go, x, w, groups, transposed)
+    axes = _axes(go, x, w, stride, pads, dil, opad, transposed)
+    _check_bias(bias_sizes, mask, w, groups, transposed)
+    p = Plan(nd, transposed, groups, mask, cmt, go, x, w, dtypes, stride, pads, dil, opad,
+             tuple(axes))
+    _check_sizes(p)
+    return p
+
+
+def _check_mask(output_mask) -> tuple[bool, bool, bool]:
     if isinstance(output_mask, (str, bytes)) or not isinstance(output_mask, Sequence):
         if hasattr(output_mask, "tolist"):
             output_mask = output_mask.tolist()
@@ -224,20 +245,12 @@ def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_
     if len(output_mask) != 3:
         raise fail(E_SHAPE, "output_mask", output_mask,
                    "must have 3 elements [grad_input, grad_weight, grad_bias]")
-    mask = tuple(_check_bool(f"output_mask[{i}]", m) for i, m in enumerate(output_mask))
-    cmt = check_int("cube_math_type", cube_math_type, lo=0, hi=3)
-    groups = check_int("groups", groups, lo=1, hi=INT32_MAX, code=E_GROUPS)
+    return tuple(check_bool(f"output_mask[{i}]", m, numpy_bool=True)
+                 for i, m in enumerate(output_mask))
 
-    w = check_ints("weight.shape", weight_shape, (3, 4, 5), lo=0, code=E_SHAPE)
-    rank = len(w)
-    nd = rank - 2
-    fmt = FORMATS[nd]
-    go = check_ints("grad_output.shape", grad_output_shape, rank, lo=0, code=E_SHAPE)
-    x = check_ints("input.shape", input_shape, rank, lo=0, code=E_SHAPE)
-    dtypes = (check_dtype("grad_output.dtype", grad_output_dtype, SUPPORTED_FLOATS),
-              check_dtype("input.dtype", input_dtype, SUPPORTED_FLOATS),
-              check_dtype("weight.dtype", weight_dtype, SUPPORTED_FLOATS))
 
+def _check_spatial(nd, stride, padding, dilation, output_padding, transposed):
+    """``(stride, pads, dilation, output_padding)``; pads as ``(before, after)`` per axis."""
     stride = check_ints("stride", stride, nd, lo=1, hi=INT32_MAX)
     pad_lens = (nd, 4) if nd == 2 else (nd,)
     pad = check_ints("padding", padding, pad_lens, lo=0, hi=INT32_MAX)
@@ -251,8 +264,11 @@ def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_
                            f"must be smaller than max(stride[{a}], dilation[{a}]) = "
                            f"{max(stride[a], dil[a])}: larger values add output rows no input "
                            "reaches")
+    return stride, pads, dil, opad
 
-    # zero-size dims: only input N or C (the seed), and what they force elsewhere
+
+def _check_empty(go, x, w, transposed) -> None:
+    """Zero-size dims: only input N or C (the seed), and what they force elsewhere."""
     x_empty_c = x[1] == 0
     w_c_dim = 0 if transposed else 1  # the weight dim that counts input channels
     for i, d in enumerate(w):
@@ -268,6 +284,9 @@ def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_
             raise fail(E_SHAPE, f"grad_output.shape[{i}]", d,
                        "must be >= 1 (grad_output may be empty only through input N = 0)")
 
+
+def _check_channels(go, x, w, groups, transposed) -> None:
+    """Batch, channel and group relations of grad_output, input and weight."""
     if go[0] != x[0]:
         raise fail(E_SHAPE, "grad_output.shape[0]", go[0],
                    f"must equal the batch input.shape[0]={x[0]}")
@@ -294,9 +313,12 @@ def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_
             raise fail(E_CHANNEL, "grad_output.shape[1]", go[1],
                        f"must equal weight.shape[0]={w[0]}")
 
-    names = AXIS_NAMES[nd]
+
+def _axes(go, x, w, stride, pads, dil, opad, transposed) -> list[ConvAxis]:
+    """The underlying plain convolution's axes (its input is grad_output when transposed)."""
+    names = AXIS_NAMES[len(w) - 2]
     axes = []
-    for a in range(nd):
+    for a in range(len(w) - 2):
         k, s, d, (pb, pa) = w[2 + a], stride[a], dil[a], pads[a]
         if transposed:
             expect = (x[2 + a] - 1) * s - pb - pa + (k - 1) * d + opad[a] + 1
@@ -313,25 +335,23 @@ def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_
         else:
             axes.append(ConvAxis.checked(names[a], x[2 + a], go[2 + a], k, s, pb, pa, d,
                                          out_param="grad_output"))
+    return axes
 
+
+def _check_bias(bias_sizes, mask, w, groups, transposed) -> None:
     bias_expect = w[1] * groups if transposed else w[0]
     if bias_sizes is None:
         if mask[2]:
             raise fail(E_VALUE, "bias_sizes", None,
                        f"is required when output_mask[2] (grad_bias) is True: pass "
                        f"[{bias_expect}]")
-    else:
-        b = check_ints("bias_sizes", bias_sizes, 1, lo=0, code=E_SHAPE)
-        if b[0] != bias_expect:
-            rule = ("weight.shape[1] * groups" if transposed else "weight.shape[0]")
-            raise fail(E_CHANNEL, "bias_sizes", list(b),
-                       f"must be [{rule}] = [{bias_expect}] ({fmt} "
-                       f"{'transposed' if transposed else 'plain'} convolution)")
-
-    p = Plan(nd, transposed, groups, mask, cmt, go, x, w, dtypes, stride, pads, dil, opad,
-             tuple(axes))
-    _check_sizes(p)
-    return p
+        return
+    b = check_ints("bias_sizes", bias_sizes, 1, lo=0, code=E_SHAPE)
+    if b[0] != bias_expect:
+        rule = ("weight.shape[1] * groups" if transposed else "weight.shape[0]")
+        raise fail(E_CHANNEL, "bias_sizes", list(b),
+                   f"must be [{rule}] = [{bias_expect}] ({FORMATS[len(w) - 2]} "
+                   f"{'transposed' if transposed else 'plain'} convolution)")
 
 
 def _check_sizes(p: Plan) -> None:
@@ -436,153 +456,189 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
 
 
 def _build(p: Plan, grad_output, input, weight):  # noqa: A002
-    from tvm import te
-
-    nd, axes, g_n, cmt = p.nd, p.axes, p.groups, p.cube_math_type
-    n = p.input_shape[0]
-    cx, cy, cxg, cyg = p.cx, p.cy, p.cxg, p.cyg
+    """The stages of every requested gradient, in one graph (see the module docstring)."""
     xt, yt = (grad_output, input) if p.transposed else (input, grad_output)
-    need_adj = p.output_mask[0] and not p.transposed
-    need_fwd = p.output_mask[0] and p.transposed
-    need_dw = p.output_mask[1]
-    gi_dtype, gw_dtype, gb_dtype = p.out_dtypes
-    x_dtype, y_dtype, w_dtype = str(xt.dtype), str(yt.dtype), str(weight.dtype)
-    k_sizes = tuple(a.kernel for a in axes)
-
-    def grp_x(cxx):  # group of an X channel
-        return 0 if g_n == 1 else cxx // cxg
-
-    def grp_y(cyy):
-        return 0 if g_n == 1 else cyy // cyg
-
-    # --- packs ----------------------------------------------------------------------------
-    yp = xp = None
-    y_off = tuple(a.dy_pad_before if need_adj else 0 for a in axes)
-    if need_adj or need_dw:
-        rows = tuple(a.dy_padded_size if need_adj else a.n_out for a in axes)
-
-        def y_body(b, *rest):
-            *r, c = rest
-            src = [ri - off for ri, off in zip(r, y_off)]
-            conds = []
-            for s_, off, size, a in zip(src, y_off, rows, axes):
-                if off:
-                    conds.append(s_ >= 0)
-                if size > off + a.n_out:
-                    conds.append(s_ < a.n_out)
-            ok = _all(conds)
-            if ok is not None:  # clamp so the guarded-off read stays in bounds
-                src = [te.max(te.min(s_, a.n_out - 1), 0) for s_, a in zip(src, axes)]
-            return _guard(ok, _operand(yt[(b, c, *src)], y_dtype, cmt))
-
-        yp = te.compute((n, *rows, cy), y_body, name="cb_y_pack", tag=f"{TAG}.y_pack")
-    if need_fwd or need_dw:
-        def x_body(b, *rest):
-            *r, c = rest
-            src = [ri - a.pad_before for ri, a in zip(r, axes)]
-            conds = []
-            for s_, a in zip(src, axes):
-                if a.pad_before:
-                    conds.append(s_ >= 0)
-                if a.x_padded_size > a.pad_before + a.n_in:
-                    conds.append(s_ < a.n_in)
-            ok = _all(conds)
-            if ok is not None:
-                src = [te.max(te.min(s_, a.n_in - 1), 0) for s_, a in zip(src, axes)]
-            return _guard(ok, _operand(xt[(b, c, *src)], x_dtype, cmt))
-
-        xp = te.compute((n, *(a.x_padded_size for a in axes), cx), x_body, name="cb_x_pack",
-                        tag=f"{TAG}.x_pack")
-
+    attrs = _attrs(p, grad_output, input, weight)
+    yp = _y_pack(p, yt) if p.need_adjoint or p.output_mask[1] else None
+    xp = _x_pack(p, xt) if p.need_forward or p.output_mask[1] else None
     outs = [None, None, None]
-    go_fmt = FORMATS[nd]
+    if p.need_adjoint:
+        outs[0] = _grad_input_adjoint(p, yp, weight, attrs)
+    if p.need_forward:
+        outs[0] = _grad_input_forward(p, xp, weight, attrs)
+    if p.output_mask[1]:
+        outs[1] = _grad_weight(p, yp, xp, attrs)
+    if p.output_mask[2]:
+        outs[2] = _grad_bias(p, grad_output, attrs)
+    return tuple(outs)
+
+
+def _attrs(p: Plan, grad_output, input, weight) -> dict:  # noqa: A002
+    go_fmt = FORMATS[p.nd]
     formats = {grad_output.op.name: go_fmt, input.op.name: go_fmt, weight.op.name: go_fmt,
                "grad_input": go_fmt, "grad_weight": go_fmt, "grad_bias": "ND"}
-    attrs = {"dsl_op": TAG, "dsl_params": json.dumps(p.as_json(), sort_keys=True),
-             "dsl_formats": json.dumps(formats, sort_keys=True)}
+    return tag.kernel_attrs(TAG, p.as_json(), formats)
 
-    # --- grad_input -------------------------------------------------------------------------
-    if need_adj:
-        kp = tuple(a.padded_kernel for a in axes)
 
-        def wa_body(*idx):
-            *k, co, c = idx
-            conds = [(kk < a.kernel) if a.padded_kernel != a.kernel else None
-                     for kk, a in zip(k, axes)]
-            ok = _all(conds)
-            ks = [te.min(kk, a.kernel - 1) if a.padded_kernel != a.kernel else kk
-                  for kk, a in zip(k, axes)]
-            ci = c if g_n == 1 else c % cxg
-            val = weight[(grp_x(c) * cyg + co, ci, *ks)]
-            return _guard(ok, _operand(val, w_dtype, cmt))
+def _group(p: Plan, c, per_group: int):
+    """The group of channel ``c`` (``per_group`` channels per group); 0 when ungrouped."""
+    return 0 if p.groups == 1 else c // per_group
 
-        wa = te.compute((*kp, cyg, cx), wa_body, name="cb_w_adj", tag=f"{TAG}.w_adj")
-        jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
-        rco = te.reduce_axis((0, cyg), name="co")
 
-        def dx_body(b, *rest):
-            *i, c = rest
-            ks, rows, conds = [], [], []
-            for ii, j, a in zip(i, jr, axes):
-                k, row, cond = a.dx_taps(ii, j)
-                ks.append(k)
-                rows.append(row)
-                conds.append(cond)
-            ch = rco if g_n == 1 else grp_x(c) * cyg + rco
-            prod = yp[(b, *rows, ch)] * wa[(*ks, rco, c)]
-            return te.sum(_guard(_all(conds), prod), axis=[*jr, rco])
+# --- packs ---------------------------------------------------------------------------------
 
-        acc = te.compute((n, *(a.n_in for a in axes), cx), dx_body, name="cb_dx_acc",
-                         tag=f"{TAG}.dx_acc")
-        outs[0] = te.compute(p.input_shape,
-                             lambda b, c, *s: acc[(b, *s, c)].astype(gi_dtype),
-                             name="grad_input", tag=f"{TAG}.grad_input", attrs=attrs)
-    if need_fwd:
-        wf = te.compute((*k_sizes, cxg, cy),
-                        lambda *idx: _operand(weight[(idx[-1], idx[-2], *idx[:-2])], w_dtype,
-                                              cmt),
-                        name="cb_w_fwd", tag=f"{TAG}.w_fwd")
-        kr = [te.reduce_axis((0, a.kernel), name=f"k{i}") for i, a in enumerate(axes)]
-        rci = te.reduce_axis((0, cxg), name="ci")
+def _y_offsets(p: Plan) -> tuple[int, ...]:
+    """Zero rows before Y in its pack: the dx taps' (only when the adjoint reads it)."""
+    return tuple(a.dy_pad_before if p.need_adjoint else 0 for a in p.axes)
 
-        def fwd_body(b, *rest):
-            *o, c = rest
-            pos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(o, kr, axes)]
-            ch = rci if g_n == 1 else grp_y(c) * cxg + rci
-            return te.sum(xp[(b, *pos, ch)] * wf[(*kr, rci, c)], axis=[*kr, rci])
 
-        acc = te.compute((n, *(a.n_out for a in axes), cy), fwd_body, name="cb_fwd_acc",
-                         tag=f"{TAG}.fwd_acc")
-        outs[0] = te.compute(p.input_shape,
-                             lambda b, c, *s: acc[(b, *s, c)].astype(gi_dtype),
-                             name="grad_input", tag=f"{TAG}.grad_input", attrs=attrs)
+def _y_pack(p: Plan, yt):
+    """``y_pack``: Y channels-last ``[N, *rows, Cy]``, zero rows for the dx taps."""
+    rows = tuple(a.dy_padded_size if p.need_adjoint else a.n_out for a in p.axes)
+    return _pad_pack(p, yt, _y_offsets(p), rows, tuple(a.n_out for a in p.axes), p.cy,
+                     "cb_y_pack", "y_pack")
 
-    # --- grad_weight ------------------------------------------------------------------------
-    if need_dw:
-        rn = te.reduce_axis((0, n), name="n")
-        orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
 
-        def dw_body(*idx):
-            *k, c, ci = idx
-            ypos = [oo + off for oo, off in zip(orr, y_off)]
-            xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
-            ch = ci if g_n == 1 else grp_y(c) * cxg + ci
-            return te.sum(yp[(rn, *ypos, c)] * xp[(rn, *xpos, ch)], axis=[rn, *orr])
+def _x_pack(p: Plan, xt):
+    """``x_pack``: X channels-last ``[N, *x_padded, Cx]``."""
+    return _pad_pack(p, xt, tuple(a.pad_before for a in p.axes),
+                     tuple(a.x_padded_size for a in p.axes), tuple(a.n_in for a in p.axes),
+                     p.cx, "cb_x_pack", "x_pack")
 
-        acc = te.compute((*k_sizes, cy, cxg), dw_body, name="cb_dw_acc", tag=f"{TAG}.dw_acc")
-        outs[1] = te.compute(p.weight_shape,
-                             lambda c, ci, *k: acc[(*k, c, ci)].astype(gw_dtype),
-                             name="grad_weight", tag=f"{TAG}.grad_weight", attrs=attrs)
 
-    # --- grad_bias --------------------------------------------------------------------------
-    if p.output_mask[2]:
-        rn = te.reduce_axis((0, n), name="bn")
-        orr = [te.reduce_axis((0, d), name=f"bo{i}") for i, d in
-               enumerate(p.grad_output_shape[2:])]
-        db = te.compute((p.grad_output_shape[1],),
-                        lambda c: te.sum(grad_output[(rn, c, *orr)].astype(ACC_DTYPE),
-                                         axis=[rn, *orr]),
-                        name="cb_db_acc", tag=f"{TAG}.db_acc")
-        outs[2] = te.compute((p.grad_output_shape[1],), lambda c: db[c].astype(gb_dtype),
-                             name="grad_bias", tag=f"{TAG}.grad_bias", attrs=attrs)
-    return tuple(outs)
+def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: int, name: str, stage: str):
+    """``t [N, C, *s]`` channels-last ``[N, *sizes, C]`` as rounded fp32 cube operands: row
+    ``r`` of axis ``a`` holds ``t``'s row ``r - offsets[a]``, zero outside ``[0, valid[a])``."""
+    from tvm import te
+
+    dtype, cmt = str(t.dtype), p.cube_math_type
+
+    def body(b, *rest):
+        *r, c = rest
+        src = [ri - off for ri, off in zip(r, offsets)]
+        conds = []
+        for s_, off, size, n_valid in zip(src, offsets, sizes, valid):
+            if off:
+                conds.append(s_ >= 0)
+            if size > off + n_valid:
+                conds.append(s_ < n_valid)
+        ok = _all(conds)
+        if ok is not None:  # clamp so the guarded-off read stays in bounds
+            src = [te.max(te.min(s_, n_valid - 1), 0) for s_, n_valid in zip(src, valid)]
+        return _guard(ok, _operand(t[(b, c, *src)], dtype, cmt))
+
+    return te.compute((p.input_shape[0], *sizes, channels), body, name=name,
+                      tag=tag.stage(TAG, stage))
+
+
+# --- grad_input ----------------------------------------------------------------------------
+
+def _grad_input_adjoint(p: Plan, yp, weight, attrs):
+    """``w_adj`` and ``dx_acc``: the plain grad_input, a stride-phase gather of dx taps."""
+    from tvm import te
+
+    axes, cyg, cxg = p.axes, p.cyg, p.cxg
+    w_dtype, cmt = str(weight.dtype), p.cube_math_type
+
+    def wa_body(*idx):
+        *k, co, c = idx
+        conds = [(kk < a.kernel) if a.padded_kernel != a.kernel else None
+                 for kk, a in zip(k, axes)]
+        ok = _all(conds)
+        ks = [te.min(kk, a.kernel - 1) if a.padded_kernel != a.kernel else kk
+              for kk, a in zip(k, axes)]
+        ci = c if p.groups == 1 else c % cxg
+        val = weight[(_group(p, c, cxg) * cyg + co, ci, *ks)]
+        return _guard(ok, _operand(val, w_dtype, cmt))
+
+    wa = te.compute((*(a.padded_kernel for a in axes), cyg, p.cx), wa_body, name="cb_w_adj",
+                    tag=tag.stage(TAG, "w_adj"))
+    jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
+    rco = te.reduce_axis((0, cyg), name="co")
+
+    def dx_body(b, *rest):
+        *i, c = rest
+        ks, rows, conds = [], [], []
+        for ii, j, a in zip(i, jr, axes):
+            k, row, cond = a.dx_taps(ii, j)
+            ks.append(k)
+            rows.append(row)
+            conds.append(cond)
+        ch = rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco
+        prod = yp[(b, *rows, ch)] * wa[(*ks, rco, c)]
+        return te.sum(_guard(_all(conds), prod), axis=[*jr, rco])
+
+    acc = te.compute((p.input_shape[0], *(a.n_in for a in axes), p.cx), dx_body,
+                     name="cb_dx_acc", tag=tag.stage(TAG, "dx_acc"))
+    return _grad_input_out(p, acc, attrs)
+
+
+def _grad_input_forward(p: Plan, xp, weight, attrs):
+    """``w_fwd`` and ``fwd_acc``: the transposed conv's grad_input, a plain convolution."""
+    from tvm import te
+
+    axes, cxg, w_dtype, cmt = p.axes, p.cxg, str(weight.dtype), p.cube_math_type
+    wf = te.compute((*(a.kernel for a in axes), cxg, p.cy),
+                    lambda *idx: _operand(weight[(idx[-1], idx[-2], *idx[:-2])], w_dtype,
+                                          cmt),
+                    name="cb_w_fwd", tag=tag.stage(TAG, "w_fwd"))
+    kr = [te.reduce_axis((0, a.kernel), name=f"k{i}") for i, a in enumerate(axes)]
+    rci = te.reduce_axis((0, cxg), name="ci")
+
+    def fwd_body(b, *rest):
+        *o, c = rest
+        pos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(o, kr, axes)]
+        ch = rci if p.groups == 1 else _group(p, c, p.cyg) * cxg + rci
+        return te.sum(xp[(b, *pos, ch)] * wf[(*kr, rci, c)], axis=[*kr, rci])
+
+    acc = te.compute((p.input_shape[0], *(a.n_out for a in axes), p.cy), fwd_body,
+                     name="cb_fwd_acc", tag=tag.stage(TAG, "fwd_acc"))
+    return _grad_input_out(p, acc, attrs)
+
+
+def _grad_input_out(p: Plan, acc, attrs):
+    """``grad_input``: the channels-last acc back to ``input.shape``, cast."""
+    from tvm import te
+
+    gi_dtype = p.out_dtypes[0]
+    return te.compute(p.input_shape, lambda b, c, *s: acc[(b, *s, c)].astype(gi_dtype),
+                      name="grad_input", tag=tag.stage(TAG, "grad_input"), attrs=attrs)
+
+
+# --- grad_weight and grad_bias -------------------------------------------------------------
+
+def _grad_weight(p: Plan, yp, xp, attrs):
+    """``dw_acc [*k, Cy, Cx_g]`` over ``(n, *o)``, then ``grad_weight`` in weight layout."""
+    from tvm import te
+
+    axes, y_off, cxg, gw_dtype = p.axes, _y_offsets(p), p.cxg, p.out_dtypes[1]
+    rn = te.reduce_axis((0, p.input_shape[0]), name="n")
+    orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
+
+    def dw_body(*idx):
+        *k, c, ci = idx
+        ypos = [oo + off for oo, off in zip(orr, y_off)]
+        xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
+        ch = ci if p.groups == 1 else _group(p, c, p.cyg) * cxg + ci
+        return te.sum(yp[(rn, *ypos, c)] * xp[(rn, *xpos, ch)], axis=[rn, *orr])
+
+    acc = te.compute((*(a.kernel for a in axes), p.cy, cxg), dw_body, name="cb_dw_acc",
+                     tag=tag.stage(TAG, "dw_acc"))
+    return te.compute(p.weight_shape, lambda c, ci, *k: acc[(*k, c, ci)].astype(gw_dtype),
+                      name="grad_weight", tag=tag.stage(TAG, "grad_weight"), attrs=attrs)
+
+
+def _grad_bias(p: Plan, grad_output, attrs):
+    """``db_acc``: fp32 sum of grad_output over ``(n, *o)`` (never rounded), then cast."""
+    from tvm import te
+
+    c_out, gb_dtype = p.grad_output_shape[1], p.out_dtypes[2]
+    rn = te.reduce_axis((0, p.input_shape[0]), name="bn")
+    orr = [te.reduce_axis((0, d), name=f"bo{i}") for i, d in
+           enumerate(p.grad_output_shape[2:])]
+    db = te.compute((c_out,),
+                    lambda c: te.sum(grad_output[(rn, c, *orr)].astype(ACC_DTYPE),
+                                     axis=[rn, *orr]),
+                    name="cb_db_acc", tag=tag.stage(TAG, "db_acc"))
+    return te.compute((c_out,), lambda c: db[c].astype(gb_dtype), name="grad_bias",
+                      tag=tag.stage(TAG, "grad_bias"), attrs=attrs)

@@ -33,7 +33,6 @@ Stages (schedules find them by tag)
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
@@ -48,9 +47,10 @@ from dsl.errors import (
     fail,
     te_shape,
 )
+from dsl.ops import tag
 from dsl.ops.conv_geometry import ConvAxis
 
-TAG = "deconv_grad_filter"
+TAG = tag.DECONV_GRAD_FILTER
 ACC_DTYPE = "float32"
 DTYPES = ("float16", "float32")
 MAX_ELEMS = 2**31 - 1
@@ -214,9 +214,19 @@ def deconv_grad_filter(dy, x, *, kernel, stride=1, pad=0, dilation=1, group=1):
         Rank 5 ``(group, OCg, k_h, k_w, ICg)`` (per group OHWI) of the input dtype, accumulated
         in float32.
     """
-    import tvm
     from tvm import te
 
+    geo = _check_call(dy, x, kernel, stride, pad, dilation, group)
+    acc = _acc_stage(geo, _dy_pad_stage(geo, dy), x)
+    attrs = tag.kernel_attrs(TAG, geo.as_json(), {dy.op.name: "NHWC", x.op.name: "NHWC",
+                                                  "dw": "GOHWI"})
+    dtype = str(x.dtype)
+    return te.compute(geo.dw_shape, lambda *i: acc[i].astype(dtype), name="dw", tag=TAG,
+                      attrs=attrs)
+
+
+def _check_call(dy, x, kernel, stride, pad, dilation, group) -> DeconvGeometry:
+    """The TE arguments checked into a geometry (errors name ``dy.shape[1]``, ``kernel[0]``...)."""
     dy_shape = _shape("dy", dy)
     x_shape = _shape("x", x)
     dtype = str(x.dtype)
@@ -228,10 +238,16 @@ def deconv_grad_filter(dy, x, *, kernel, stride=1, pad=0, dilation=1, group=1):
     sh, sw = _pair("stride", stride)
     pu, pl = _pair("pad", pad)
     dh, dw_ = _pair("dilation", dilation)
-    geo = check_geometry(dict(zip(FIELDS, (*x_shape, *dy_shape, kh, kw, sh, sw, pu, pl, dh,
-                                           dw_, group))))
+    return check_geometry(dict(zip(FIELDS, (*x_shape, *dy_shape, kh, kw, sh, sw, pu, pl, dh,
+                                            dw_, group))))
+
+
+def _dy_pad_stage(geo: DeconvGeometry, dy):
+    """``dy_pad``: dy zero-padded to every tap position, fp32 (a branch-free GEMM after it)."""
+    import tvm
+    from tvm import te
+
     ah, aw = geo.axes()
-    icg, ocg = geo.icg, geo.ocg
     hp, wp = ah.tap_extent, aw.tap_extent
     zero = tvm.tirx.const(0, ACC_DTYPE)
 
@@ -248,8 +264,16 @@ def deconv_grad_filter(dy, x, *, kernel, stride=1, pad=0, dilation=1, group=1):
         val = dy[b, p - ah.pad_before, q - aw.pad_before, c].astype(ACC_DTYPE)
         return te.if_then_else(tvm.tirx.all(*conds), val, zero) if conds else val
 
-    dyp = te.compute((geo.batch, hp, wp, geo.out_c), pad_body, name="dy_pad",
-                     tag=f"{TAG}.dy_pad")
+    return te.compute((geo.batch, hp, wp, geo.out_c), pad_body, name="dy_pad",
+                      tag=tag.stage(TAG, "dy_pad"))
+
+
+def _acc_stage(geo: DeconvGeometry, dyp, x):
+    """``acc``: the fp32 reduction over ``(b, ih, iw)``, ``[group, OCg, KH, KW, ICg]``."""
+    from tvm import te
+
+    ah, aw = geo.axes()
+    icg, ocg = geo.icg, geo.ocg
     rb = te.reduce_axis((0, geo.batch), name="b")
     rh = te.reduce_axis((0, geo.in_h), name="ih")
     rw = te.reduce_axis((0, geo.in_w), name="iw")
@@ -259,9 +283,4 @@ def deconv_grad_filter(dy, x, *, kernel, stride=1, pad=0, dilation=1, group=1):
                 g * ocg + oc]
         return te.sum(a * x[rb, rh, rw, g * icg + ic].astype(ACC_DTYPE), axis=[rb, rh, rw])
 
-    acc = te.compute(geo.dw_shape, acc_body, name="dw_acc", tag=f"{TAG}.acc")
-    attrs = {"dsl_op": TAG, "dsl_params": json.dumps(geo.as_json(), sort_keys=True),
-             "dsl_formats": json.dumps({dy.op.name: "NHWC", x.op.name: "NHWC",
-                                        "dw": "GOHWI"}, sort_keys=True)}
-    return te.compute(geo.dw_shape, lambda *i: acc[i].astype(dtype), name="dw", tag=TAG,
-                      attrs=attrs)
+    return te.compute(geo.dw_shape, acc_body, name="dw_acc", tag=tag.stage(TAG, "acc"))

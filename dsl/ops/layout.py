@@ -26,6 +26,7 @@ from dsl.errors import (
     te_shape,
 )
 from dsl.ops.group import C0, GroupLayout
+from dsl.ops.tag import LAYOUT_FROM_5HD, LAYOUT_FROM_FRACZ, LAYOUT_TO_5HD, LAYOUT_TO_FRACZ
 
 FORMAT_5HD = "NC1HWC0"
 FORMAT_FRACZ = "FRACTAL_Z"
@@ -115,7 +116,7 @@ def nchw_to_5hd_compute(x, name: str = "to_5hd"):
         val = x[(i, te.min(ch, c - 1), *sidx)]
         return val if c % C0 == 0 else te.if_then_else(ch < c, val, te.const(0, x.dtype))
 
-    return te.compute((n, c1, *sp, C0), body, name=name, tag="layout.to_5hd",
+    return te.compute((n, c1, *sp, C0), body, name=name, tag=LAYOUT_TO_5HD,
                       attrs={"format": FORMAT_5HD})
 
 
@@ -130,7 +131,7 @@ def nc1hwc0_to_nchw_compute(x5, channels: int, name: str = "from_5hd"):
     channels = check_int("channels", channels, lo=1, hi=c1 * C0, code=E_SHAPE)
     return te.compute((n, channels, *sp),
                       lambda i, ch, *s: x5[(i, ch // C0, *s, ch % C0)],
-                      name=name, tag="layout.from_5hd", attrs={"format": "NCHW"})
+                      name=name, tag=LAYOUT_FROM_5HD, attrs={"format": "NCHW"})
 
 
 def weight_to_fracz_compute(w, groups: int = 1, name: str = "to_fracz"):
@@ -152,7 +153,7 @@ def weight_to_fracz_compute(w, groups: int = 1, name: str = "to_fracz"):
         return val if ok is None else te.if_then_else(ok, val, te.const(0, w.dtype))
 
     fmt = FORMAT_FRACZ if groups == 1 else FORMAT_FRACZ_G
-    return te.compute(lay.fracz_shape, body, name=name, tag="layout.to_fracz",
+    return te.compute(lay.fracz_shape, body, name=name, tag=LAYOUT_TO_FRACZ,
                       attrs={"format": fmt, "groups": groups})
 
 
@@ -166,7 +167,7 @@ def fracz_to_weight_compute(fz, w_shape_nchw, groups: int = 1, name: str = "from
         raise fail(E_SHAPE, "fz.shape", tuple(int(d) for d in fz.shape),
                    f"must be {lay.fracz_shape} for weight {w_shape} with groups={groups}")
     return te.compute(w_shape, lambda co, ci, kh, kw: fz[lay.fracz_index(co, ci, kh, kw)],
-                      name=name, tag="layout.from_fracz", attrs={"format": "NCHW"})
+                      name=name, tag=LAYOUT_FROM_FRACZ, attrs={"format": "NCHW"})
 
 
 def pad_cast_5hd_compute(x, before, sizes, dtype, *, name: str, tag: str):

@@ -9,6 +9,8 @@ classification do.
 
 from __future__ import annotations
 
+import json
+
 # Operators (the anchor stage of each carries the bare op tag).
 CONV2D_BACKPROP_INPUT = "conv2d_backprop_input"
 CONV2D_BACKPROP_FILTER = "conv2d_backprop_filter"
@@ -38,3 +40,12 @@ def stage(op: str, name: str) -> str:
 def op_of(tag: str) -> str:
     """The operator a stage tag belongs to (``"conv2d_backprop_input.acc"`` -> the op)."""
     return tag.split(".", 1)[0]
+
+
+def kernel_attrs(op: str, params: dict, formats: dict, **extra) -> dict:
+    """The attributes an operator's anchor stage carries into the kernel's JSON (read back by
+    ``dsl.runtime.schedule`` and by rules): ``dsl_op`` the op tag, ``dsl_params`` the checked
+    call as sorted JSON, ``dsl_formats`` each tensor's layout by name, then ``extra`` as given
+    (facts a schedule rule reads directly, e.g. ``w_phases``)."""
+    return {"dsl_op": op, "dsl_params": json.dumps(params, sort_keys=True),
+            "dsl_formats": json.dumps(formats, sort_keys=True), **extra}
