@@ -12,6 +12,7 @@ COMMANDS = {
     "examples": ("dsl.cli.examples", "build, run and verify every example kernel"),
     "bench": ("dsl.cli.bench.runner", "benchmark suite: GFLOP/s vs PyTorch side by side"),
     "tune": ("dsl.tuning.tune", "meta-schedule tuning into the tuning database"),
+    "export": ("dsl.cli.export", "cross-compile benchmark kernels to time on another machine"),
 }
 
 
