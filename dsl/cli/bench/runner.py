@@ -211,8 +211,9 @@ def main(argv=None) -> int:
 
     import targets
     from dsl.cli.bench import load_suites
+    from dsl.runtime.target import get as target_get
 
-    target = targets.get(args.target or "host")
+    target = target_get(args.target or "host")
     if args.threads is not None:
         target = target.with_cores(args.threads)
     fair_thread_env(target.cores)
