@@ -114,13 +114,15 @@ class CpuTarget:
         """Per core, the most arithmetic operations the vector units can issue per cycle.
 
         fp32: ``fma_units * fma_bits / 32 * 2`` (a multiply and an add per lane per FMA);
-        without FMA, one add pipe and one multiply pipe of ``vector_bits``. ``bfloat16``:
+        without FMA, four add-or-multiply pipes of ``vector_bits`` (Zen has two of each;
+        Intel cores two): an SSE2-only target runs on all of them, so the bound takes the
+        widest. ``bfloat16``:
         ``vdpbf16ps`` does two multiply-adds per fp32 lane (x2 of fp32), ``int8``:
         ``vpdpbusd`` four per int32 lane (x4), both bounded as if issued on every FMA pipe.
         0 where the ISA has no such instruction.
         """
         lanes32 = (self.fma_bits if self.fma_units else self.vector_bits) // 32
-        fp32 = self.fma_units * lanes32 * 2 if self.fma_units else 2 * lanes32
+        fp32 = self.fma_units * lanes32 * 2 if self.fma_units else 4 * lanes32
         if dtype == "float32":
             return fp32
         if dtype == "bfloat16":

@@ -48,7 +48,7 @@ KNOWN_ISA = SSE2 | X86_V2 | HASWELL | ZEN5 | SAPPHIRE
 # name: (LLVM mcpu, vector_bits, vector_regs, fma_units, fma_bits, fma_latency,
 #        l1d_kib, l2_kib, l3_kib per core, isa)
 UARCH = {
-    # portable: SSE2 has no FMA (one add + one multiply pipe of 128 bits: 8 FLOP/cycle)
+    # portable: SSE2 has no FMA (up to 2 add + 2 multiply pipes of 128 bits: 16 FLOP/cycle)
     "x86-64": ("x86-64", 128, 16, 0, 128, 4, 32, 256, 2048, SSE2),
     "haswell": ("haswell", 256, 16, 2, 256, 5, 32, 256, 2560, HASWELL),
     "znver3": ("znver3", 256, 16, 2, 256, 4, 32, 512, 4096, ZEN3),
