@@ -1,4 +1,4 @@
-"""``python -m dsl COMMAND``: examples (the main job), bench, tune.
+"""``python -m dsl COMMAND``: examples (the main job), bench, tune, peak.
 
 Each command lives in its own module with a ``main(argv) -> int``; this file only dispatches.
 """
@@ -12,6 +12,7 @@ COMMANDS = {
     "examples": ("dsl.cli.examples", "build, run and verify every example kernel"),
     "bench": ("dsl.cli.bench.runner", "benchmark suite: GFLOP/s vs PyTorch side by side"),
     "tune": ("dsl.tuning.tune", "meta-schedule tuning into the tuning database"),
+    "peak": ("dsl.cli.peak", "measure and cache this machine's fp32/bf16/int8 roof"),
 }
 
 

@@ -359,24 +359,37 @@ def cache_file(target: CpuTarget | None = None) -> Path:
     return cache_root() / "roof" / f"{tgt.mcpu}-{targets.machine_cores()}c-{flags}.json"
 
 
+def cached(dtype: str = "float32", threads: int | None = None) -> Roof | None:
+    """The cached roof of this machine for ``dtype`` on ``threads`` (default all cores)."""
+    threads = threads or targets.machine_cores()
+    entry = _read_cache(cache_file()).get(f"{dtype}/{threads}")
+    try:
+        return Roof(**{**entry, "cpus": tuple(entry["cpus"])}) if entry else None
+    except (TypeError, KeyError):
+        return None  # an entry from another version of this module: measure again
+
+
 def measured_peak(dtype: str = "float32", threads: int | None = None, *,
                   refresh: bool = False, seconds: float = 0.2, reps: int = 5) -> Roof:
     """This machine's ``dtype`` roof on ``threads`` (default: all cores), from the cache or
-    measured once and cached. ``refresh`` measures again."""
+    measured once and cached. ``refresh`` measures again.
+
+    Raises
+    ------
+    RoofError
+        No such instruction here, no compiler, or an impossible figure (nothing is cached).
+    """
     threads = threads or targets.machine_cores()
-    path, key = cache_file(), f"{dtype}/{threads}"
-    cached = _read_cache(path)
-    if key in cached and not refresh:
-        try:
-            return Roof(**{**cached[key], "cpus": tuple(cached[key]["cpus"])})
-        except (TypeError, KeyError):
-            pass  # an entry from another version of this module: measure again
+    hit = None if refresh else cached(dtype, threads)
+    if hit is not None:
+        return hit
     roof = measure(dtype, threads, seconds=seconds, reps=reps)
-    cached = _read_cache(path)  # another process may have written meanwhile
-    cached[key] = asdict(roof)
+    path = cache_file()
+    data = _read_cache(path)  # another process may have written meanwhile
+    data[f"{dtype}/{threads}"] = asdict(roof)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(cached, indent=1, sort_keys=True))
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     os.replace(tmp, path)  # atomic: a reader sees the old file or the new one
     return roof
 
