@@ -132,6 +132,17 @@ def host_caches(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, i
     return out
 
 
+def llvm_host_cpu() -> str | None:
+    """LLVM's name for this CPU (``znver3``), None where TVM's compiler is not installed
+    (a runtime-only deployment: then the row comes from the CPU flags)."""
+    try:
+        import tvm
+
+        return str(tvm.target.codegen.llvm_get_system_cpu())
+    except Exception:  # noqa: BLE001 - ImportError, or a runtime-only TVM without LLVM
+        return None
+
+
 def _base_row(cpu: str, flags: frozenset[str]) -> str:
     """The table row to start ``host`` from: its LLVM name, an alias, else by flags."""
     if cpu in UARCH:
@@ -147,11 +158,9 @@ def detect_host(cpu: str | None = None, flags: frozenset[str] | None = None,
                 caches: dict[str, int] | None = None) -> CpuTarget:
     """The ``host`` target: LLVM's CPU name, the machine's flags and cache sizes (each
     argument overrides what is read from this machine, for tests)."""
-    if cpu is None:
-        import tvm
-
-        cpu = tvm.target.codegen.llvm_get_system_cpu()
     flags = host_features() if flags is None else frozenset(flags)
+    if cpu is None:
+        cpu = llvm_host_cpu() or UARCH[_base_row("", flags)][0]
     caches = host_caches() if caches is None else caches
     row = _base_row(cpu, flags)
     base = from_row("host", row, machine_cores())
