@@ -149,9 +149,17 @@ def _base_row(cpu: str, flags: frozenset[str]) -> str:
         return cpu
     if cpu in LLVM_ALIASES:
         return LLVM_ALIASES[cpu]
-    if "avx512f" in flags:
-        return PORTABLE["x86-avx512"]
-    return PORTABLE["x86-avx2"] if {"avx2", "fma"} <= flags else PORTABLE["x86-64"]
+    return row_by_flags(flags)
+
+
+def row_by_flags(flags: frozenset[str]) -> str:
+    """The row whose ISA is the largest subset of ``flags`` (Zen rows need AMD's ``sse4a``,
+    so vendors do not mix), unless a portable row allows wider vectors."""
+    fits = [r for r, row in UARCH.items() if row[-1] <= flags]
+    best = max(fits, key=lambda r: len(UARCH[r][-1]), default="x86-64")
+    portable = PORTABLE["x86-avx512" if "avx512f" in flags else
+                        "x86-avx2" if {"avx2", "fma"} <= flags else "x86-64"]
+    return best if UARCH[best][1] >= UARCH[portable][1] else portable
 
 
 def detect_host(cpu: str | None = None, flags: frozenset[str] | None = None,
@@ -160,7 +168,7 @@ def detect_host(cpu: str | None = None, flags: frozenset[str] | None = None,
     argument overrides what is read from this machine, for tests)."""
     flags = host_features() if flags is None else frozenset(flags)
     if cpu is None:
-        cpu = llvm_host_cpu() or UARCH[_base_row("", flags)][0]
+        cpu = llvm_host_cpu() or UARCH[row_by_flags(flags)][0]
     caches = host_caches() if caches is None else caches
     row = _base_row(cpu, flags)
     base = from_row("host", row, machine_cores())

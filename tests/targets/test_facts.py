@@ -112,8 +112,17 @@ def test_host_detection_described_machines():
     odd = cpu.detect_host("mystery-cpu", frozenset({"sse", "sse2", "avx512f", "fma", "avx2"}),
                           {"l1d": 32, "l2": 1024, "l3": 1536})
     assert odd.vector_bits == 512 and odd.uarch == "skylake-avx512" and odd.l3_kib == 1536
+    assert cpu.detect_host("mystery-cpu", cpu.SAPPHIRE | {"movdiri"}, {}).uarch == (
+        "sapphirerapids")
+    assert cpu.detect_host("mystery-cpu", cpu.ZEN4 | {"clzero"}, {}).uarch == "znver4"
+    assert cpu.detect_host("mystery-cpu", cpu.HASWELL, {}).uarch == "haswell"
     sse = cpu.detect_host("mystery-cpu", frozenset({"sse", "sse2"}), {})
     assert sse.vector_bits == 128 and sse.fma_units == 0 and sse.isa == {"sse", "sse2"}
+
+
+def test_row_by_flags_matches_each_row():
+    for row, facts in cpu.UARCH.items():
+        assert cpu.row_by_flags(facts[-1]) == row
 
 
 def test_sysfs_cache_parsing(tmp_path):
