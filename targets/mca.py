@@ -133,3 +133,28 @@ def roof_report(roof, target) -> dict:
     predicted = loop.flops / pred.cycles_per_iter
     return {**out, "prediction": pred, "predicted_flops_per_cycle": predicted,
             "achieved_over_predicted": achieved / predicted}
+
+
+def kernel_report(asm: str, mcpu: str, gflops_per_core: float | None = None,
+                  ghz: float | None = None) -> dict:
+    """llvm-mca on a built kernel's hot loop (:func:`hot_loop` of ``asm``): predicted FLOP per
+    cycle of that loop and, given the kernel's measured GFLOP/s per core and the clock (from
+    :func:`targets.roof.measured_peak`), the achieved FLOP per cycle. Achieved well below
+    predicted means the time goes outside the inner loop (packing, loop order, the split)."""
+    loop = hot_loop(asm)
+    out: dict = {"mcpu": mcpu, "loop_instructions": sum(1 for s in loop if not _LABEL.match(s)),
+                 "flops_per_iter": fma_flops(loop)}
+    if gflops_per_core and ghz:
+        out["achieved_flops_per_cycle"] = gflops_per_core / ghz
+    if not loop:
+        return {**out, "prediction": None, "reason": "no loop with FMA instructions found"}
+    try:
+        pred = predict(loop, mcpu)
+    except Unavailable as err:
+        return {**out, "prediction": None, "reason": str(err)}
+    out.update(prediction=pred, predicted_flops_per_cycle=out["flops_per_iter"]
+               / pred.cycles_per_iter)
+    if "achieved_flops_per_cycle" in out:
+        out["achieved_over_predicted"] = (out["achieved_flops_per_cycle"]
+                                          / out["predicted_flops_per_cycle"])
+    return out

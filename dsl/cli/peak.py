@@ -61,7 +61,7 @@ def _header(host) -> str:
 def _row(r: roof.Roof) -> str:
     return (f"{r.dtype:9s} {r.threads:7d} {r.gflops:9.1f} {r.gflops_per_core:9.1f} "
             f"{r.ghz:5.2f} {r.bound_gflops:9.1f} {100 * r.fraction_of_bound:6.1f}% "
-            f"{r.busy:5.2f}  {r.chains} x {r.mnemonic} {r.isa}")
+            f"{r.gflops_wall:9.1f} {r.busy:5.2f}  {r.chains} x {r.mnemonic} {r.isa}")
 
 
 def _mca_line(r: roof.Roof, host) -> str:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     results, lines = [], [_header(host), f"{'dtype':9s} {'threads':>7s} {'GFLOP/s':>9s} "
                           f"{'per core':>9s} {'GHz':>5s} {'bound':>9s} {'of bnd':>7s} "
-                          f"{'busy':>5s}  loop"]
+                          f"{'wall':>9s} {'busy':>5s}  loop"]
     for kind in kinds:
         if roof.loop_isa(host, kind) is None:
             if args.dtype != "all":
@@ -105,8 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             lines.append(_row(r))
             if args.mca:
                 lines.append(_mca_line(r, host))
-    lines.append(f"# busy = CPU time / wall time while measuring (below 1: a shared machine; "
-                 f"rates use CPU time)\n# cached in {roof.cache_file()}")
+    lines.append("# GFLOP/s: each thread's work over its own CPU time, summed (what the cores "
+                 "issue); wall: all threads' work over the slowest thread's wall time (what a "
+                 "statically split kernel gets; low when the machine is shared: busy = CPU "
+                 f"time / wall time < 1)\n# cached in {roof.cache_file()}")
     if args.json:
         print(json.dumps({"host": host.facts(), "cache": str(roof.cache_file()),
                           "roofs": [asdict(r) for r in results]}, indent=1))
