@@ -192,10 +192,15 @@ def get(name: str | CpuTarget) -> CpuTarget:
 
 
 def runnable(target: CpuTarget) -> bool:
-    """True if this machine can execute code built for ``target``."""
+    """True if this machine can execute code built for ``target`` (it has every ISA
+    extension the target lists; where the CPU flags cannot be read, only ``host`` and
+    SSE2-only code are assumed to run)."""
     from targets.cpu import host_features
 
-    return target.isa <= host_features()
+    flags = host_features()
+    if not flags:
+        return target.name == "host" or target.isa <= {"sse", "sse2"}
+    return target.isa <= flags
 
 
 def target_features(target: CpuTarget) -> tuple[str, ...]:
