@@ -173,3 +173,27 @@ def test_peak_cli(tmp_path, monkeypatch, capsys):
     assert "float32" in out and "cached in" in out and "FLOP/cycle/core" in out
     assert "llvm-mca" in out
     assert peak.main(["--dtype", "float64"]) == 2
+
+
+def test_bench_rows_get_percent_of_roof(monkeypatch, capsys):
+    from dsl.cli.bench import runner
+
+    fake = roof.Roof("float32", 2, (0, 1), "avx2", "vfmadd231ps", 12, 200.0, 100.0, 3.1, 32,
+                     198.4, 190.0, 0.99, 0.2, 5, "znver3")
+    monkeypatch.setattr(roof, "measured_peak", lambda dtype, threads: fake)
+    rows = [{"suite": "s", "name": "a", "kind": "dx", "ours_gflops": 150.0, "peer_gflops": None,
+             "ratio": None, "ours_s": 1e-3, "peer_s": None, "build_s": 0.1},
+            {"suite": "s", "name": "b", "kind": "dx", "error": "boom", "ours_gflops": None}]
+    runner.add_roof(rows, 2)
+    assert rows[0]["roof_pct"] == 75.0 and "roof_pct" not in rows[1]
+    assert "200.0 GFLOP/s on 2 thread(s)" in capsys.readouterr().out
+    assert runner.format_row(rows[0]).endswith("75.0%")
+
+    def refuse(dtype, threads):
+        raise roof.RoofError("no cc")
+
+    monkeypatch.setattr(roof, "measured_peak", refuse)
+    rows = [dict(rows[0])]
+    rows[0].pop("roof_pct")
+    runner.add_roof(rows, 2)
+    assert "roof_pct" not in rows[0] and "unavailable" in capsys.readouterr().out
