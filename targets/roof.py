@@ -221,7 +221,7 @@ def check_disassembly(asm: str, loop: Loop) -> None:
     """Refuse a binary whose loop lost chains (merged, or spilled through memory)."""
     if not asm:
         return  # no objdump: the inline assembly names every register, nothing to merge
-    names = [m for m in ("mulps", "addps")] if loop.isa == "sse" else [loop.mnemonic]
+    names = ["mulps", "addps"] if loop.isa == "sse" else [loop.mnemonic]
     dests = [r for m in names for r in accumulators(asm, m)]
     if len(dests) != loop.nacc or len(set(dests)) != loop.nacc or "(" in "".join(dests):
         raise RoofError(f"roof loop disassembles to {len(set(dests))} distinct accumulators "
