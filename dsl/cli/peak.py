@@ -43,7 +43,8 @@ def _thread_counts(text: str | None) -> list[int]:
     counts = []
     for part in text.split(","):
         if not part.strip().isdigit() or not 1 <= int(part) <= cores:
-            raise SystemExit(f"peak: --threads {text!r}: each must be 1..{cores}")
+            print(f"peak: --threads {text!r}: each must be 1..{cores}", file=sys.stderr)
+            raise SystemExit(2)
         counts.append(int(part))
     return counts
 

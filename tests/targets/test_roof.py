@@ -173,6 +173,9 @@ def test_peak_cli(tmp_path, monkeypatch, capsys):
     assert "float32" in out and "cached in" in out and "FLOP/cycle/core" in out
     assert "llvm-mca" in out
     assert peak.main(["--dtype", "float64"]) == 2
+    with pytest.raises(SystemExit) as info:
+        peak.main(["--threads", str(targets.machine_cores() + 1)])
+    assert info.value.code == 2
 
 
 def test_bench_rows_get_percent_of_roof(monkeypatch, capsys):
