@@ -41,8 +41,8 @@ from dsl.ops.group import calculate_group  # noqa: E402
 from dsl.runtime.build import build  # noqa: E402
 from dsl.runtime.kernel import Kernel, load  # noqa: E402
 from dsl.runtime.schedule import Schedule, auto_schedule  # noqa: E402
+from dsl.runtime.target import use as target  # noqa: E402
 from dsl.tuning.tune import tune  # noqa: E402
-from targets import use as target  # noqa: E402
 
 _aliases.install()
 

@@ -1,4 +1,4 @@
-"""``python -m dsl COMMAND``: examples (the main job), bench, tune.
+"""``python -m dsl COMMAND``: examples (the main job), bench, tune, peak.
 
 Each command lives in its own module with a ``main(argv) -> int``; this file only dispatches.
 """
@@ -13,6 +13,7 @@ COMMANDS = {
     "bench": ("dsl.cli.bench.runner", "benchmark suite: GFLOP/s vs PyTorch side by side"),
     "tune": ("dsl.tuning.tune", "meta-schedule tuning into the tuning database"),
     "export": ("dsl.cli.export", "cross-compile benchmark kernels to time on another machine"),
+    "peak": ("dsl.cli.peak", "measure and cache this machine's fp32/bf16/int8 roof"),
 }
 
 

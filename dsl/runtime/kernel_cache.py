@@ -55,8 +55,9 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
     from dsl.runtime.build import build
     from dsl.runtime.kernel import load
     from dsl.runtime.schedule import auto_schedule
+    from dsl.runtime.target import get as target_get
 
-    tgt = targets.get(target) if target is not None else targets.current()
+    tgt = target_get(target) if target is not None else targets.current()
     key = signature_key(signature, tgt)
     with _LOCK:
         kernel = _MEMORY.get(key)

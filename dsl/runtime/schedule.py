@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import targets
 from dsl.errors import E_VALUE, fail
+from dsl.runtime.target import get as target_get
 
 
 def _as_list(res) -> list:
@@ -125,7 +126,7 @@ def auto_schedule(res, target=None) -> Schedule:
     from schedules import lookup
 
     outs = _as_list(res)
-    tgt = targets.get(target) if target is not None else targets.current()
+    tgt = target_get(target) if target is not None else targets.current()
     tag = outs[0].op.tag
     name, _ = lookup(tag, tgt)
     sch = Schedule(outs, tgt, name, tag)

@@ -33,6 +33,8 @@ from pathlib import Path
 import targets
 from dsl.errors import E_TYPE, E_VALUE, DslError, check_int, fail
 from dsl.runtime.schedule import Schedule, auto_schedule
+from dsl.runtime.target import get as target_get
+from dsl.runtime.target import use as target_use
 from dsl.tuning import database as tuning_db
 
 DEFAULT_TRIALS = 64
@@ -455,7 +457,7 @@ def tune(res_or_sch, trials: int = DEFAULT_TRIALS, target=None, database=None, *
     if isinstance(res_or_sch, Schedule):
         sch = res_or_sch
         if target is not None:
-            sch = dataclasses.replace(sch, target=targets.get(target))
+            sch = dataclasses.replace(sch, target=target_get(target))
     else:
         sch = auto_schedule(res_or_sch, target=target)
     base = dataclasses.replace(sch, override=None, schedule_meta=None)
@@ -705,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ[tuning_db.ENV] = args.database  # builds after tuning read the same database
     opts = {"seed": args.seed, "rpc_key": args.rpc_key, "tracker": args.tracker,
             "max_workers": args.max_workers, "resume": not args.no_resume}
-    ctx = targets.use(args.target) if args.target else contextlib.nullcontext()
+    ctx = target_use(args.target) if args.target else contextlib.nullcontext()
     try:
         with ctx:
             if args.example:
@@ -731,7 +733,7 @@ def _tune_bench(args, opts) -> int:
     the tuned one and PyTorch side by side (alternating samples, medians) per workload."""
     from dsl.cli.bench.runner import fair_thread_env, geomean, measure_alternating
 
-    fair_thread_env(targets.get(args.target or "host").cores)
+    fair_thread_env(target_get(args.target or "host").cores)
     workloads = bench_workloads(args.suite, args.filter)
     if not workloads:
         print("no benchmark workloads match", file=sys.stderr)

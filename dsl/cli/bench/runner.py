@@ -155,7 +155,8 @@ def format_row(r: dict) -> str:
     return (f"{r['suite'] + '/' + r['name']:<42s} {r['kind']:<8s} "
             f"{_fmt(r['ours_gflops'], '.1f', 10)} {_fmt(r['peer_gflops'], '.1f', 10)} "
             f"{_fmt(r['ratio'], '.2f', 7)} {_fmt(ms(r['ours_s']), '.3f', 9)} "
-            f"{_fmt(ms(r['peer_s']), '.3f', 9)} {_fmt(r['build_s'], '.2f', 8)}")
+            f"{_fmt(ms(r['peer_s']), '.3f', 9)} {_fmt(r['build_s'], '.2f', 8)}"
+            + (f" {_fmt(r['roof_pct'], '.1f', 6)}%" if "roof_pct" in r else ""))
 
 
 def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
@@ -188,6 +189,26 @@ def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
     return rows
 
 
+def add_roof(rows, threads: int, out=None) -> None:
+    """Give each row ``roof_pct``: its GFLOP/s as a share of this machine's fp32 roof on
+    ``threads`` threads (``targets.roof.measured_peak``: measured once per machine, cached),
+    and print that roof. Rows stay as they are when the roof cannot be measured here."""
+    from targets import roof
+
+    out = out or sys.stdout
+    try:
+        peak = roof.measured_peak("float32", threads)
+    except roof.RoofError as err:
+        print(f"# fp32 roof unavailable: {err}", file=out)
+        return
+    print(f"# fp32 roof {peak.gflops:.1f} GFLOP/s on {threads} thread(s) "
+          f"({peak.gflops_per_core:.1f} per core at {peak.ghz:.2f} GHz; "
+          f"python -m dsl peak; {roof.cache_file()})", file=out)
+    for r in rows:
+        if r.get("ours_gflops"):
+            r["roof_pct"] = 100 * r["ours_gflops"] / peak.gflops
+
+
 def summary(rows) -> dict:
     """Per suite and kind ("conv2d/dx"): geometric mean of ratios, worst ratio, median build
     seconds. Suites stay apart: their workloads answer different questions."""
@@ -211,8 +232,9 @@ def main(argv=None) -> int:
 
     import targets
     from dsl.cli.bench import load_suites
+    from dsl.runtime.target import get as target_get
 
-    target = targets.get(args.target or "host")
+    target = target_get(args.target or "host")
     if args.threads is not None:
         target = target.with_cores(args.threads)
     fair_thread_env(target.cores)
@@ -238,7 +260,8 @@ def main(argv=None) -> int:
         rows = run(selected, repeat=args.repeat, min_time=args.min_time,
                    use_peer=peer_version is not None, settle=args.settle)
     print()
-    print(HEAD)
+    add_roof(rows, target.cores)
+    print(HEAD + (f" {'% roof':>7s}" if any("roof_pct" in r for r in rows) else ""))
     for r in rows:
         print(format_row(r))
     summ = summary(rows)
