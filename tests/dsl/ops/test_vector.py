@@ -323,6 +323,27 @@ def test_reductions_axes_keepdims(dtype):
         close(out, ref, dtype, f"case {i // 3} op {i % 3}")
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_softmax_over_a_middle_axis_composes_reduce_broadcast_elemwise(dtype):
+    """A TBE-style softmax over axis 1 of a 3-D tensor: reductions with keepdims, broadcasts
+    back, exp and divide; every intermediate rounded to ``dtype`` as the kernel does."""
+    shape = (3, 7, 5)
+    (x,) = placeholders(shape, dtype, "x")
+    m = dsl.broadcast(dsl.reduce_max(x, 1, keepdims=True), shape)
+    e = dsl.vexp(dsl.vsub(x, m))
+    y = dsl.vdiv(e, dsl.broadcast(dsl.reduce_sum(e, -2, keepdims=True), shape))
+    k = build(f"softmax-{dtype}", [x], [y])
+    xv = (np.random.default_rng(13).standard_normal(shape) * 2).astype(dtype)
+    d = np.dtype(dtype)
+    x64 = xv.astype(np.float64)
+    ev = np.exp((x64 - x64.max(1, keepdims=True)).astype(d).astype(np.float64))
+    ev = ev.astype(d).astype(np.float64)
+    ref = ev / ev.sum(1, keepdims=True).astype(d).astype(np.float64)
+    close(call(k, xv)[0], ref, dtype, "softmax", rtol=2 * RTOL[dtype])
+    np.testing.assert_allclose(call(k, xv)[0].astype(np.float64).sum(1), 1.0,
+                               rtol=8 * RTOL[dtype])
+
+
 def test_fp16_sum_accumulates_in_fp32_and_int32_sum_is_exact():
     h, = placeholders((3, 4099), "float16", "h")
     i, = placeholders((5, 9, 11), "int32", "i")
