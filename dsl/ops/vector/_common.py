@@ -6,6 +6,7 @@ compiles anything, as TBE's ``tbe.dsl`` checks its operands when the graph is bu
 
 from __future__ import annotations
 
+import math
 import numbers
 
 from dsl.errors import E_DTYPE, E_DTYPE_MISMATCH, E_SHAPE, E_TYPE, E_VALUE, fail, te_shape
@@ -16,6 +17,7 @@ ARITH = ("float16", "float32", "int32")  # what TBE's vector unit computes on
 ALL = ("float16", "float32", "int32", "int8", "uint8")
 # Representable integer range of each integer dtype (scalar checks and saturating casts).
 INT_RANGE = {"int32": (-2**31, 2**31 - 1), "int8": (-128, 127), "uint8": (0, 255)}
+FLOAT_MAX = {"float16": 65504.0, "float32": 3.4028234663852886e38}  # largest finite values
 
 
 def dtype_of(x) -> str:
@@ -84,6 +86,10 @@ def scalar(param: str, value: object, dtype: str):
         if not lo <= value <= hi:
             raise fail(E_VALUE, param, value, f"must lie in [{lo}, {hi}] for a {dtype} tensor")
         value = int(value)
+    elif dtype in FLOAT_MAX and math.isfinite(value) and abs(value) > FLOAT_MAX[dtype]:
+        raise fail(E_VALUE, param, value,
+                   f"exceeds {dtype}'s largest finite value {FLOAT_MAX[dtype]:g}; cast the "
+                   "tensor to a wider dtype first (inf and nan are accepted as such)")
     return tvm.tirx.const(value, dtype)
 
 

@@ -397,6 +397,8 @@ def _errors():
         ("E60005", lambda: dsl.vadds(h, "1"), "number"),
         ("E60012", lambda: dsl.vadds(i, 0.5), "whole"),
         ("E60012", lambda: dsl.vmuls(i, 2**31), "[-2147483648"),
+        ("E60012", lambda: dsl.vadds(h, 1e6), "65504"),
+        ("E60012", lambda: dsl.broadcast(10**40, (2,), "float32"), "largest finite"),
         ("E60012", lambda: dsl.vcmp(h, h, "lte"), "'lt'"),
         ("E60012", lambda: dsl.vcmp(h, h, mode="mask"), "'bit'"),
         ("E60003", lambda: dsl.vcmp(g, g, mode="bit"), "divisible by 8"),
