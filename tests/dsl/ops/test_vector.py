@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import dsl
 from dsl import kernel_cache
@@ -342,6 +344,35 @@ def test_softmax_over_a_middle_axis_composes_reduce_broadcast_elemwise(dtype):
     close(call(k, xv)[0], ref, dtype, "softmax", rtol=2 * RTOL[dtype])
     np.testing.assert_allclose(call(k, xv)[0].astype(np.float64).sum(1), 1.0,
                                rtol=8 * RTOL[dtype])
+
+
+@st.composite
+def _reduce_cases(draw):
+    rank = draw(st.integers(1, 5))
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 5, 7, 11]), min_size=rank,
+                                max_size=rank)))
+    axes = draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank,
+                         unique_by=lambda a: a % rank))
+    return shape, axes, draw(st.booleans()), draw(st.sampled_from(FLOATS))
+
+
+@settings(max_examples=6, deadline=None, derandomize=True)
+@given(_reduce_cases())
+def test_reductions_random_axes_then_broadcast_back(case):
+    """Any rank 1-5, any set of (negative) axes, with or without keepdims; the keepdims sum
+    broadcast back and subtracted (x - mean-like), as normalisations do."""
+    shape, axes, keep, dtype = case
+    (a,) = placeholders(shape, dtype, "a")
+    s = dsl.reduce_sum(a, axes, keepdims=True)
+    centred = dsl.vsub(a, dsl.broadcast(s, shape))
+    outs = [dsl.reduce_max(a, axes, keep), centred]
+    k = build(f"reduce-prop-{shape}-{axes}-{keep}-{dtype}", [a], outs)
+    x = rand(np.random.default_rng(14), shape, dtype)
+    x64, ax = x.astype(np.float64), tuple(v % len(shape) for v in axes)
+    mx, c = call(k, x)
+    close(mx, np.atleast_1d(x64.max(ax, keepdims=keep)), dtype, "reduce_max")
+    s64 = x64.sum(ax, keepdims=True).astype(dtype).astype(np.float64)  # rounded to dtype
+    close(c, x64 - s64, dtype, "x - sum", atol=4 * RTOL[dtype])
 
 
 def test_fp16_sum_accumulates_in_fp32_and_int32_sum_is_exact():
