@@ -7,7 +7,9 @@ A TBE script ports by changing its import lines::
 
 Public API: the operators (:func:`conv2d_backprop_input`, :func:`conv2d_backprop_filter`,
 :func:`convolution_backward`, :func:`avg_pool2d_backward`, :func:`deconv_grad_filter`), the
-layouts (:mod:`dsl.layout`), ``group_dict`` (:func:`calculate_group`), the workflow
+layouts (:mod:`dsl.layout`), TBE's vector DSL (``dsl.vadd``, ``dsl.vexp``, ``dsl.vcmp``,
+``dsl.cast_to``, ``dsl.broadcast``, ``dsl.reduce_sum`` ...: :mod:`dsl.ops.vector`),
+``group_dict`` (:func:`calculate_group`), the workflow
 :func:`auto_schedule` -> :func:`build` -> :func:`load`, :func:`tune`, and the numpy-level
 vendor APIs :mod:`dsl.aclnn` and :mod:`dsl.deconvgradfilter`. Targets live in the ``targets``
 package (``with dsl.target("x86-avx2"): ...``), schedules in the ``schedules`` package.
@@ -38,6 +40,8 @@ from dsl.ops.conv2d_backprop_input import conv2d_backprop_input  # noqa: E402
 from dsl.ops.convolution_backward import convolution_backward  # noqa: E402
 from dsl.ops.deconv_grad_filter import deconv_grad_filter  # noqa: E402
 from dsl.ops.group import calculate_group  # noqa: E402
+from dsl.ops.vector import *  # noqa: E402, F403 - TBE's vector DSL: dsl.vadd, dsl.reduce_sum ...
+from dsl.ops.vector import __all__ as _vector_names  # noqa: E402
 from dsl.runtime.build import build  # noqa: E402
 from dsl.runtime.kernel import Kernel, load  # noqa: E402
 from dsl.runtime.schedule import Schedule, auto_schedule  # noqa: E402
@@ -49,4 +53,4 @@ _aliases.install()
 __all__ = ["DslError", "Kernel", "Schedule", "__version__", "aclnn", "auto_schedule",
            "avg_pool2d_backward", "build", "calculate_group", "conv2d_backprop_filter",
            "conv2d_backprop_input", "convolution_backward", "deconv_grad_filter",
-           "deconvgradfilter", "layout", "load", "target", "tune"]
+           "deconvgradfilter", "layout", "load", "target", "tune", *_vector_names]

@@ -37,6 +37,16 @@ def stage(op: str, name: str) -> str:
     return f"{op}.{name}"
 
 
+PATTERNS = (ELEMWISE, BROADCAST, INJECTIVE, REDUCE)
+
+
+def pattern_of(tag: str) -> str | None:
+    """The generic pattern a stage tag names (``"elemwise.vadd"`` -> ``"elemwise"``, the vector
+    DSL's ``"<pattern>.<op>"`` tags), or None for an operator's or layout stage."""
+    head = op_of(tag)
+    return head if head in PATTERNS else None
+
+
 def op_of(tag: str) -> str:
     """The operator a stage tag belongs to (``"conv2d_backprop_input.acc"`` -> the op)."""
     return tag.split(".", 1)[0]

@@ -25,6 +25,9 @@ class Prepared:
     # never reaches the table.
     check: Callable[[], float] | None = None
     tolerance: float = 1e-3
+    # Further peers timed in the same alternating rounds (``{"numpy": fn, "plain dx": fn}``);
+    # the row reports each one's seconds and ratio next to the main peer's.
+    peers: dict = field(default_factory=dict)
 
     def verify(self) -> float | None:
         """Run ``check``: the relative error, or None when there is no check or no peer.
@@ -42,13 +45,18 @@ class Prepared:
 
 @dataclass(frozen=True)
 class Workload:
-    """One benchmark row. ``kind`` is the column it reports ("dx", "dw", "pool_dx", ...)."""
+    """One benchmark row. ``kind`` is the column it reports ("dx", "dw", "pool_dx", ...).
+
+    ``bytes`` (> 0 for a memory-bound row: the bytes one iteration must read and write at
+    least) makes the row report GB/s instead of GFLOP/s.
+    """
 
     suite: str
     name: str
     kind: str
     flops: float
     setup: Callable[[], Prepared]
+    bytes: float = 0.0
 
 
 def rel_err(ours, expected) -> float:
@@ -95,7 +103,7 @@ def torch_peer(threads: int):
 
 
 WORKLOADS: list[Workload] = []
-SUITES = ("conv2d", "convnd", "pool", "deconv")
+SUITES = ("conv2d", "convnd", "pool", "deconv", "user")
 
 
 def register(workload: Workload) -> Workload:

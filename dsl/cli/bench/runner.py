@@ -110,12 +110,15 @@ def alternating_medians(samplers, rounds: int) -> list[float]:
 
 
 def measure(prep, repeat: int, min_time: float, use_peer: bool,
-            settle: float = 0.0) -> tuple[float, float | None]:
-    """Median seconds per iteration of ours and of the peer, sampled alternately."""
+            settle: float = 0.0) -> tuple[float, float | None, dict]:
+    """Median seconds per iteration of ours, of the peer and of each further peer
+    (``prep.peers``), sampled alternately."""
     peer = prep.peer if use_peer else None
-    times = measure_alternating([prep.ours] + ([peer] if peer is not None else []),
-                                repeat, min_time, settle)
-    return times[0], (times[1] if peer is not None else None)
+    others = dict(prep.peers) if use_peer else {}
+    fns = [prep.ours] + ([peer] if peer is not None else []) + list(others.values())
+    times = measure_alternating(fns, repeat, min_time, settle)
+    extra = dict(zip(others, times[len(times) - len(others):]))
+    return times[0], (times[1] if peer is not None else None), extra
 
 
 def fair_thread_env(cores: int) -> None:
@@ -152,11 +155,15 @@ def format_row(r: dict) -> str:
     def ms(seconds):
         return seconds * 1e3 if seconds is not None else None
 
+    gb = r.get("unit") == "GB/s"  # a memory-bound row: the rate columns hold GB/s
+    ours, peer = (r["ours_gbps"], r["peer_gbps"]) if gb else (r["ours_gflops"], r["peer_gflops"])
+    others = "".join(f"  {k} {_fmt(v, '.2f', 0)}x" for k, v in r.get("others_ratio", {}).items())
     return (f"{r['suite'] + '/' + r['name']:<42s} {r['kind']:<8s} "
-            f"{_fmt(r['ours_gflops'], '.1f', 10)} {_fmt(r['peer_gflops'], '.1f', 10)} "
+            f"{_fmt(ours, '.1f', 10)} {_fmt(peer, '.1f', 10)} "
             f"{_fmt(r['ratio'], '.2f', 7)} {_fmt(ms(r['ours_s']), '.3f', 9)} "
             f"{_fmt(ms(r['peer_s']), '.3f', 9)} {_fmt(r['build_s'], '.2f', 8)}"
-            + (f" {_fmt(r['roof_pct'], '.1f', 6)}%" if "roof_pct" in r else ""))
+            + (f" {_fmt(r['roof_pct'], '.1f', 6)}%" if "roof_pct" in r else "")
+            + f"{'  [GB/s]' if gb else ''}{others}")
 
 
 def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
@@ -172,8 +179,13 @@ def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
         try:
             prep = w.setup()
             print(f" {prep.build_seconds:.2f} s; timing ...", end="", file=out, flush=True)
-            ours, peer = measure(prep, repeat, min_time, use_peer, settle)
+            ours, peer, others = measure(prep, repeat, min_time, use_peer, settle)
             err = prep.verify() if use_peer else None
+            nbytes = getattr(w, "bytes", 0.0)
+            row.update(unit="GB/s" if nbytes else "GFLOP/s", bytes=nbytes,
+                       ours_gbps=nbytes / ours / 1e9 if nbytes else None,
+                       peer_gbps=nbytes / peer / 1e9 if nbytes and peer else None,
+                       others_s=others, others_ratio={k: v / ours for k, v in others.items()})
             row.update(check_err=err, ours_s=ours, peer_s=peer, build_s=prep.build_seconds,
                        load_avg=round(os.getloadavg()[0], 2),
                        ours_gflops=w.flops / ours / 1e9,
@@ -205,7 +217,7 @@ def add_roof(rows, threads: int, out=None) -> None:
           f"({peak.gflops_per_core:.1f} per core at {peak.ghz:.2f} GHz; "
           f"python -m dsl peak; {roof.cache_file()})", file=out)
     for r in rows:
-        if r.get("ours_gflops"):
+        if r.get("ours_gflops") and r.get("unit", "GFLOP/s") == "GFLOP/s":
             r["roof_pct"] = 100 * r["ours_gflops"] / peak.gflops
 
 

@@ -1,0 +1,477 @@
+"""The user suite: kernels a user writes in TE or TBE's vector DSL, and epilogues / prologues a
+user fuses onto the shipped operators, each against numpy and PyTorch in the same run.
+
+Every kernel here is written the way a user writes it: plain ``te.compute`` (named, *untagged*:
+users do not tag their stages, so the pattern rules must recognise what a stage is) or the
+vector DSL (``dsl.vexp``, ``dsl.reduce_sum`` ...), then ``auto_schedule`` -> ``build`` with the
+default schedule, no tuning. Rows:
+
+* compute-bound (GFLOP/s): matmul 1024^3, batched matmul 16x256^3, GEMM + bias + GELU, an NCHW
+  conv2d forward with its own padding stage; ``conv2d_backprop_input`` + residual + ReLU-gradient
+  mask, ``conv2d_backprop_filter`` * scale cast to fp16, and a scale + fp16 cast prologue of dy
+  before ``conv2d_backprop_input`` (each also timed against the plain shipped operator, the
+  "plain" peer: a fused stage should cost nothing);
+* memory-bound (GB/s: the bytes one call must read and write at least): softmax over rows of
+  1024 and 4096 (the larger exceeds L2 and L3), layer-norm, RMS-norm, an exp/mul/add chain over
+  2^24 elements.
+
+The main peer is PyTorch (numpy when PyTorch is absent); numpy (and the plain operator) are
+further peers. Every row is checked against the main peer at full size. ``DSL_BENCH_USER_SIZE=
+tiny`` (or :func:`workloads` ``("tiny")``) runs the same kernels at tiny sizes, for tests.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dsl.cli.bench import Prepared, Workload, fresh_build, register, rel_err, torch_peer
+
+SUITE = "user"
+F32 = 4  # bytes
+
+
+@dataclass
+class Case:
+    """One user kernel: its TE graph, input data, and the peers computing the same result."""
+
+    inputs: list
+    outputs: list
+    arrays: list  # numpy inputs, in ``inputs`` order
+    torch_fn: Callable | None  # torch_fn(torch) -> a callable returning the torch result
+    numpy_fn: Callable[[], np.ndarray] | None
+    to_peer: Callable[[np.ndarray], np.ndarray] = lambda a: a  # ours -> the peer's layout
+    extra: dict = field(default_factory=dict)  # further peers timed alongside ({"plain": fn})
+    tolerance: float = 1e-3
+
+
+@dataclass(frozen=True)
+class Spec:
+    name: str
+    kind: str
+    dims: dict  # {"full": {...}, "tiny": {...}}
+    make: Callable[[dict], Case]
+    flops: Callable[[dict], float]
+    bytes: Callable[[dict], float] = lambda d: 0.0
+
+
+def _size() -> str:
+    return os.environ.get("DSL_BENCH_USER_SIZE", "full")
+
+
+def _data(shape, seed: int, scale: float = 1.0) -> np.ndarray:
+    return (np.random.default_rng(seed).standard_normal(shape, dtype=np.float32) * scale)
+
+
+def prepare(spec: Spec, size: str) -> Prepared:
+    """Build our kernel for ``spec`` at ``size`` and wire the peers and the full-size check."""
+    import tvm
+
+    import targets
+
+    case = spec.make(spec.dims[size])
+    kernel, seconds = fresh_build(case.outputs, case.inputs, f"bench_user_{spec.name}")
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in case.arrays] + [
+        tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], str(t.dtype)), dev)
+        for t in case.outputs]
+    func = kernel.func
+    torch = torch_peer(targets.current().cores)
+    peer = case.torch_fn(torch) if torch is not None and case.torch_fn else case.numpy_fn
+    peers = dict(case.extra)
+    if peer is not case.numpy_fn and case.numpy_fn is not None:
+        peers = {"numpy": case.numpy_fn, **peers}
+
+    def result(x):
+        return x.numpy() if hasattr(x, "numpy") else np.asarray(x)
+
+    def check():
+        func(*args)
+        ours = case.to_peer(args[-1].numpy()).astype(np.float64)
+        return max(rel_err(ours, result(p())) for p in [peer, *(
+            [case.numpy_fn] if case.numpy_fn is not None else [])])
+
+    return Prepared(lambda: func(*args), peer, seconds,
+                    {"rule": kernel.meta["schedule"]["rule"], "target": targets.current().name,
+                     "dtype": "float32", "size": size}, check=check,
+                    tolerance=case.tolerance, peers=peers)
+
+
+# --- contractions -------------------------------------------------------------------------
+
+
+def _torch_matmul(x, y):
+    def torch_fn(torch):
+        tx, ty = torch.from_numpy(x), torch.from_numpy(y)
+        return lambda: torch.matmul(tx, ty)
+
+    return torch_fn
+
+
+def _matmul(d) -> Case:
+    from tvm import te
+
+    m, n, k = d["m"], d["n"], d["k"]
+    a, b = te.placeholder((m, k), name="a"), te.placeholder((k, n), name="b")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="matmul")
+    x, y = _data((m, k), 1), _data((k, n), 2)
+    return Case([a, b], [c], [x, y], _torch_matmul(x, y), lambda: x @ y)
+
+
+def _bmm(d) -> Case:
+    from tvm import te
+
+    bs, m, n, k = d["b"], d["m"], d["n"], d["k"]
+    a, b = te.placeholder((bs, m, k), name="a"), te.placeholder((bs, k, n), name="b")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((bs, m, n), lambda p, i, j: te.sum(a[p, i, r] * b[p, r, j], axis=r),
+                   name="batch_matmul")
+    x, y = _data((bs, m, k), 3), _data((bs, k, n), 4)
+    return Case([a, b], [c], [x, y], _torch_matmul(x, y), lambda: np.matmul(x, y))
+
+
+def _gelu_np(v):
+    return 0.5 * v * (1.0 + np.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v ** 3)))
+
+
+def _gemm_bias_gelu(d) -> Case:
+    from tvm import te
+
+    m, n, k = d["m"], d["n"], d["k"]
+    a, b = te.placeholder((m, k), name="a"), te.placeholder((k, n), name="b")
+    bias = te.placeholder((n,), name="bias")
+    r = te.reduce_axis((0, k), name="r")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="gemm")
+    s = math.sqrt(2 / math.pi)
+
+    def gelu(i, j):
+        v = c[i, j] + bias[j]
+        return 0.5 * v * (1.0 + te.tanh(s * (v + 0.044715 * v * v * v)))
+
+    y = te.compute((m, n), gelu, name="bias_gelu")
+    xa, xb, xbias = _data((m, k), 5), _data((k, n), 6), _data((n,), 7)
+
+    def torch_fn(torch):
+        ta, tb, tbias = (torch.from_numpy(v) for v in (xa, xb, xbias))
+        return lambda: torch.nn.functional.gelu(torch.addmm(tbias, ta, tb), approximate="tanh")
+
+    return Case([a, b, bias], [y], [xa, xb, xbias], torch_fn,
+                lambda: _gelu_np(xa @ xb + xbias))
+
+
+def _conv2d_fwd(d) -> Case:
+    from tvm import te
+
+    n, c, k, hw, ks, p = d["n"], d["c"], d["k"], d["hw"], d["ks"], d["pad"]
+    out = hw + 2 * p - ks + 1
+    x = te.placeholder((n, c, hw, hw), name="x")
+    w = te.placeholder((k, c, ks, ks), name="w")
+    xp = te.compute((n, c, hw + 2 * p, hw + 2 * p), lambda b, ci, h, v: te.if_then_else(
+        te.all(h >= p, h < hw + p, v >= p, v < hw + p), x[b, ci, h - p, v - p], 0.0),
+        name="pad")
+    rc, ry, rx = (te.reduce_axis((0, e), name=nm) for e, nm in ((c, "rc"), (ks, "ry"),
+                                                                (ks, "rx")))
+    y = te.compute((n, k, out, out), lambda b, co, h, v: te.sum(
+        xp[b, rc, h + ry, v + rx] * w[co, rc, ry, rx], axis=[rc, ry, rx]), name="conv2d")
+    xv, wv = _data((n, c, hw, hw), 8), _data((k, c, ks, ks), 9)
+
+    def numpy_fn():
+        win = np.lib.stride_tricks.sliding_window_view(
+            np.pad(xv, ((0, 0), (0, 0), (p, p), (p, p))), (ks, ks), axis=(2, 3))
+        return np.tensordot(win, wv, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+
+    def torch_fn(torch):
+        tx, tw = torch.from_numpy(xv), torch.from_numpy(wv)
+        return lambda: torch.nn.functional.conv2d(tx, tw, padding=p)
+
+    return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
+
+
+# --- memory-bound rows (vector DSL and plain TE) -------------------------------------------
+
+
+def _softmax(d) -> Case:
+    import dsl
+    from dsl import tvm
+
+    rows, cols = d["rows"], d["cols"]
+    x = tvm.placeholder((rows, cols), name="x", dtype="float32")
+    m = dsl.broadcast(dsl.reduce_max(x, -1, keepdims=True), (rows, cols))
+    e = dsl.vexp(dsl.vsub(x, m))
+    y = dsl.vdiv(e, dsl.broadcast(dsl.reduce_sum(e, -1, keepdims=True), (rows, cols)))
+    xv = _data((rows, cols), 10, 3.0)
+
+    def numpy_fn():
+        ev = np.exp(xv - xv.max(-1, keepdims=True))
+        return ev / ev.sum(-1, keepdims=True)
+
+    def torch_fn(torch):
+        tx = torch.from_numpy(xv)
+        return lambda: torch.softmax(tx, -1)
+
+    return Case([x], [y], [xv], torch_fn, numpy_fn)
+
+
+def _layer_norm(d) -> Case:
+    from tvm import te
+
+    rows, cols, eps = d["rows"], d["cols"], 1e-5
+    x = te.placeholder((rows, cols), name="x")
+    g, b = te.placeholder((cols,), name="gamma"), te.placeholder((cols,), name="beta")
+    r1, r2 = te.reduce_axis((0, cols), name="r1"), te.reduce_axis((0, cols), name="r2")
+    s = te.compute((rows,), lambda i: te.sum(x[i, r1], axis=r1), name="row_sum")
+    mean = te.compute((rows,), lambda i: s[i] / cols, name="mean")
+    var = te.compute((rows,), lambda i: te.sum((x[i, r2] - mean[i]) * (x[i, r2] - mean[i]),
+                                               axis=r2), name="sq_dev")
+    y = te.compute((rows, cols), lambda i, j: (x[i, j] - mean[i]) * te.rsqrt(
+        var[i] / cols + eps) * g[j] + b[j], name="layer_norm")
+    xv, gv, bv = _data((rows, cols), 11, 2.0) + 1.0, _data((cols,), 12), _data((cols,), 13)
+
+    def numpy_fn():
+        mu = xv.mean(-1, keepdims=True)
+        return (xv - mu) / np.sqrt(((xv - mu) ** 2).mean(-1, keepdims=True) + eps) * gv + bv
+
+    def torch_fn(torch):
+        tx, tg, tb = (torch.from_numpy(v) for v in (xv, gv, bv))
+        return lambda: torch.nn.functional.layer_norm(tx, (cols,), tg, tb, eps)
+
+    return Case([x, g, b], [y], [xv, gv, bv], torch_fn, numpy_fn)
+
+
+def _rms_norm(d) -> Case:
+    from tvm import te
+
+    rows, cols, eps = d["rows"], d["cols"], 1e-6
+    x, w = te.placeholder((rows, cols), name="x"), te.placeholder((cols,), name="weight")
+    r = te.reduce_axis((0, cols), name="r")
+    ss = te.compute((rows,), lambda i: te.sum(x[i, r] * x[i, r], axis=r), name="sum_sq")
+    y = te.compute((rows, cols), lambda i, j: x[i, j] * te.rsqrt(ss[i] / cols + eps) * w[j],
+                   name="rms_norm")
+    xv, wv = _data((rows, cols), 14), _data((cols,), 15)
+
+    def numpy_fn():
+        return xv / np.sqrt((xv * xv).mean(-1, keepdims=True) + eps) * wv
+
+    def torch_fn(torch):
+        tx, tw = torch.from_numpy(xv), torch.from_numpy(wv)
+        return lambda: torch.nn.functional.rms_norm(tx, (cols,), tw, eps)
+
+    return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
+
+
+def _elementwise_chain(d) -> Case:
+    import dsl
+    from dsl import tvm
+
+    n = d["n"]
+    a = tvm.placeholder((n,), name="a", dtype="float32")
+    b = tvm.placeholder((n,), name="b", dtype="float32")
+    y = dsl.vadd(dsl.vmul(dsl.vexp(a), b), a)
+    av, bv = _data((n,), 16), _data((n,), 17)
+
+    def torch_fn(torch):
+        ta, tb = torch.from_numpy(av), torch.from_numpy(bv)
+        return lambda: torch.exp(ta) * tb + ta
+
+    return Case([a, b], [y], [av, bv], torch_fn, lambda: np.exp(av) * bv + av)
+
+
+# --- shipped operators with a user's fused epilogue / prologue ------------------------------
+
+
+def _cube_data(layer, seed: int):
+    """NCHW dy / x / w of a conv2d layer, and the 5HD / FracZ forms our operators take."""
+    from dsl.ops.layout import nchw_to_5hd, weight_to_fracz
+
+    ho = layer.out
+    dy = _data((layer.n, layer.cout, ho, ho), seed)
+    x = _data((layer.n, layer.cin, layer.hw, layer.hw), seed + 1)
+    w = _data(layer.w_shape(), seed + 2)
+    return dy, x, w, nchw_to_5hd(dy), nchw_to_5hd(x), weight_to_fracz(w, layer.groups)
+
+
+def _dx_graph(layer, dy_t, dtype: str):
+    """``conv2d_backprop_input`` of ``layer`` on ``dy_t`` (5HD), float32 result."""
+    from tvm import te
+
+    from dsl.ops.conv2d_backprop_input import conv2d_backprop_input
+    from dsl.ops.group import GroupLayout
+
+    fz = GroupLayout.from_weight(layer.w_shape(), layer.groups).fracz_shape
+    w_t = te.placeholder(fz, name="filters", dtype=dtype)
+    dx_t = conv2d_backprop_input(w_t, dy_t, layer.w_shape(),
+                                 (layer.n, layer.cin, layer.hw, layer.hw),
+                                 layer.para(res_dtype="float32"))
+    return w_t, dx_t
+
+
+def _plain(outputs, inputs, arrays, name):
+    """A callable running the plain shipped operator (the 'plain' peer of a fused row)."""
+    import tvm
+
+    kernel, _ = fresh_build(outputs, inputs, name)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in arrays] + [
+        tvm.runtime.tensor(np.zeros([int(d) for d in t.shape], str(t.dtype)), dev)
+        for t in outputs]
+    return lambda: kernel.func(*args)
+
+
+def _torch_args(layer):
+    return {"stride": layer.stride, "padding": layer.pad, "dilation": layer.dil,
+            "groups": layer.groups}
+
+
+def _dx_residual_relugrad(d) -> Case:
+    """``dx = conv2d_backprop_input(w, dy)``; ``out = fwd > 0 ? dx + residual : 0``."""
+    import dsl
+    from dsl import tvm
+    from dsl.ops.layout import nc1hwc0_to_nchw, nchw_to_5hd
+
+    layer = d["layer"]
+    dy, _, w, dy5, _, wfz = _cube_data(layer, 20)
+    dy_t = tvm.placeholder(dy5.shape, name="out_backprop", dtype="float32")
+    w_t, dx_t = _dx_graph(layer, dy_t, "float32")
+    shape5 = tuple(int(v) for v in dx_t.shape)
+    res_t = tvm.placeholder(shape5, name="residual", dtype="float32")
+    fwd_t = tvm.placeholder(shape5, name="fwd", dtype="float32")
+    out = dsl.vsel(dsl.vcmp(fwd_t, 0.0, "gt"), dsl.vadd(dx_t, res_t), 0.0)
+    x_shape = (layer.n, layer.cin, layer.hw, layer.hw)
+    res, fwd = _data(x_shape, 23), _data(x_shape, 24)
+    plain = _plain([dx_t], [w_t, dy_t], [wfz, dy5], f"bench_user_plain_dx_{layer.name}")
+
+    def torch_fn(torch):
+        tdy, tw, tr, tf = (torch.from_numpy(v) for v in (dy, w, res, fwd))
+        return lambda: torch.where(tf > 0, torch.nn.grad.conv2d_input(
+            x_shape, tw, tdy, **_torch_args(layer)) + tr, 0.0)
+
+    return Case([w_t, dy_t, res_t, fwd_t], [out],
+                [wfz, dy5, nchw_to_5hd(res), nchw_to_5hd(fwd)], torch_fn, None,
+                to_peer=lambda a: nc1hwc0_to_nchw(a, layer.cin), extra={"plain dx": plain})
+
+
+def _dw_scale_fp16(d) -> Case:
+    """``dw = conv2d_backprop_filter(x, dy)``; ``out = cast_to(dw * scale, float16)``."""
+    import dsl
+    from dsl import tvm
+    from dsl.ops.conv2d_backprop_filter import conv2d_backprop_filter
+    from dsl.ops.layout import fracz_to_weight
+
+    layer, scale = d["layer"], 0.125
+    dy, x, _, dy5, x5, _ = _cube_data(layer, 30)
+    x_t = tvm.placeholder(x5.shape, name="fmap", dtype="float32")
+    dy_t = tvm.placeholder(dy5.shape, name="out_backprop", dtype="float32")
+    dw_t = conv2d_backprop_filter(x_t, dy_t, layer.w_shape(),
+                                  layer.para(res_dtype="float32", groups=layer.groups))
+    out = dsl.cast_to(dsl.vmuls(dw_t, scale), "float16")
+    plain = _plain([dw_t], [x_t, dy_t], [x5, dy5], f"bench_user_plain_dw_{layer.name}")
+
+    def torch_fn(torch):
+        tx, tdy = torch.from_numpy(x), torch.from_numpy(dy)
+        return lambda: (torch.nn.grad.conv2d_weight(tx, layer.w_shape(), tdy,
+                                                    **_torch_args(layer)) * scale).half()
+
+    return Case([x_t, dy_t], [out], [x5, dy5], torch_fn, None,
+                to_peer=lambda a: fracz_to_weight(a, layer.w_shape(), layer.groups),
+                extra={"plain dw": plain}, tolerance=1e-2)
+
+
+def _dy_scale_fp16_dx(d) -> Case:
+    """Prologue: ``dy16 = cast_to(dy * scale, float16)``, then ``conv2d_backprop_input``."""
+    import dsl
+    from dsl import tvm
+    from dsl.ops.layout import nc1hwc0_to_nchw
+
+    layer, scale = d["layer"], 0.5
+    dy, _, w, dy5, _, wfz = _cube_data(layer, 40)
+    dy_t = tvm.placeholder(dy5.shape, name="dy_fp32", dtype="float32")
+    dy16 = dsl.cast_to(dsl.vmuls(dy_t, scale), "float16")
+    w_t, dx_t = _dx_graph(layer, dy16, "float16")
+    wfz16 = wfz.astype(np.float16)
+    plain_dy = tvm.placeholder(dy5.shape, name="out_backprop", dtype="float16")
+    pw_t, pdx_t = _dx_graph(layer, plain_dy, "float16")
+    plain = _plain([pdx_t], [pw_t, plain_dy], [wfz16, (dy5 * scale).astype(np.float16)],
+                   f"bench_user_plain_dx16_{layer.name}")
+
+    def torch_fn(torch):
+        tdy, tw = torch.from_numpy(dy), torch.from_numpy(w)
+        x_shape = (layer.n, layer.cin, layer.hw, layer.hw)
+        return lambda: torch.nn.grad.conv2d_input(x_shape, tw, tdy * scale,
+                                                  **_torch_args(layer))
+
+    return Case([w_t, dy_t], [dx_t], [wfz16, dy5], torch_fn, None,
+                to_peer=lambda a: nc1hwc0_to_nchw(a, layer.cin),
+                extra={"plain dx fp16": plain}, tolerance=1e-2)
+
+
+# --- the suite ------------------------------------------------------------------------------
+
+
+def _layers():
+    from dsl.cli.bench.conv2d import Layer
+
+    return {"full": {"layer": Layer("resnet50_3x3", 1, 64, 64, 56, 3, 1, 1, 1, 1)},
+            "tiny": {"layer": Layer("tiny_3x3_s2", 2, 5, 7, 9, 3, 2, 1, 1, 1)}}
+
+
+def _mm_flops(d):
+    return 2.0 * d.get("b", 1) * d["m"] * d["n"] * d["k"]
+
+
+def _rows(d, reads: int, writes: int, params: int = 0):
+    return float(F32 * ((reads + writes) * d["rows"] * d["cols"] + params * d["cols"]))
+
+
+def specs() -> list[Spec]:
+    mm = {"full": {"m": 1024, "n": 1024, "k": 1024}, "tiny": {"m": 33, "n": 17, "k": 29}}
+    norm = {"full": {"rows": 8192, "cols": 1024}, "tiny": {"rows": 7, "cols": 33}}
+    layers = _layers()
+    cube_flops = lambda d: d["layer"].flops  # noqa: E731
+    return [
+        Spec("matmul_1024", "matmul", mm, _matmul, _mm_flops),
+        Spec("bmm_16x256", "bmm", {"full": {"b": 16, "m": 256, "n": 256, "k": 256},
+                                   "tiny": {"b": 3, "m": 9, "n": 7, "k": 5}}, _bmm, _mm_flops),
+        Spec("gemm_bias_gelu_1024", "gemm_ep", mm, _gemm_bias_gelu,
+             lambda d: _mm_flops(d) + 12.0 * d["m"] * d["n"]),
+        Spec("conv2d_nchw_3x3_56x56x64", "conv2d",
+             {"full": {"n": 1, "c": 64, "k": 64, "hw": 56, "ks": 3, "pad": 1},
+              "tiny": {"n": 2, "c": 3, "k": 5, "hw": 7, "ks": 3, "pad": 1}}, _conv2d_fwd,
+             lambda d: 2.0 * d["n"] * d["k"] * d["c"] * d["ks"] ** 2 * (
+                 d["hw"] + 2 * d["pad"] - d["ks"] + 1) ** 2),
+        Spec("softmax_4096x1024", "softmax", {"full": {"rows": 4096, "cols": 1024},
+                                              "tiny": {"rows": 5, "cols": 37}}, _softmax,
+             lambda d: 5.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1)),
+        Spec("softmax_8192x4096", "softmax", {"full": {"rows": 8192, "cols": 4096},
+                                              "tiny": {"rows": 3, "cols": 67}}, _softmax,
+             lambda d: 5.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1)),
+        Spec("layer_norm_8192x1024", "norm", norm, _layer_norm,
+             lambda d: 8.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1, 2)),
+        Spec("rms_norm_8192x1024", "norm", norm, _rms_norm,
+             lambda d: 4.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1, 1)),
+        Spec("exp_mul_add_2p24", "eltwise", {"full": {"n": 1 << 24}, "tiny": {"n": 1031}},
+             _elementwise_chain, lambda d: 3.0 * d["n"], lambda d: 3.0 * F32 * d["n"]),
+        Spec("dx_residual_relugrad_resnet50_3x3", "dx_ep", layers, _dx_residual_relugrad,
+             cube_flops),
+        Spec("dw_scale_fp16_resnet50_3x3", "dw_ep", layers, _dw_scale_fp16, cube_flops),
+        Spec("dy_scale_fp16_dx_resnet50_3x3", "dx_pro", layers, _dy_scale_fp16_dx, cube_flops),
+    ]
+
+
+def workloads(size: str | None = None) -> list[Workload]:
+    """The suite's workloads at ``size`` ("full", "tiny"; default ``DSL_BENCH_USER_SIZE`` or
+    "full" when each is set up). Rates are counted at full size."""
+    out = []
+    for spec in specs():
+        full = spec.dims["full"]
+        out.append(Workload(SUITE, spec.name, spec.kind, spec.flops(full),
+                            lambda s=spec: prepare(s, size or _size()), bytes=spec.bytes(full)))
+    return out
+
+
+for _w in workloads():
+    register(_w)
