@@ -57,7 +57,8 @@ def kernels_of_example(path: str | os.PathLike) -> list[tuple[Schedule, str]]:
             sys.argv = [str(path)]
             sys.path.insert(0, str(path.parent))
             os.chdir(tmp)  # the example's kernel_meta/ goes to a scratch directory
-            with recording_builds() as seen:
+            # the script's own prints go to stderr: stdout carries the table or JSON
+            with recording_builds() as seen, contextlib.redirect_stdout(sys.stderr):
                 try:
                     runpy.run_path(str(path), run_name="__main__")
                 except SystemExit as exc:
