@@ -22,7 +22,7 @@ def examples_dir(explicit: str | None = None) -> Path:
     here = Path.cwd() / "examples"
     if here.is_dir():
         return here
-    return Path(__file__).resolve().parents[1] / "examples"
+    return Path(__file__).resolve().parents[2] / "examples"  # the repository's
 
 
 def discover(folder: Path) -> list[Path]:
