@@ -133,6 +133,34 @@ def _timing_args(base: Schedule, tensors, dev) -> list:
     return args
 
 
+def _verified_candidates(base: Schedule, store, db, name: str, tensors, target) -> list:
+    """The (up to three) fastest measured records that build and agree numerically with the
+    default schedule: ``[(record id, trace, run seconds, runtime module)]``. Those that do
+    not are rejected in the store, so builds never try them."""
+    import tvm
+
+    from dsl.runtime.build import lower, verify_tuned
+
+    rejected, out = store.rejected(), []
+    for _, rec in db.records[:3]:
+        trace, run_secs = tuning_db.plain_json(rec.as_json())[:2]
+        rid = tuning_db.record_id(trace, store.key)
+        if rid in rejected or any(c[0] == rid for c in out):
+            continue
+        cand = dataclasses.replace(base, override=tuning_db.TraceOverride(trace),
+                                   schedule_meta={"source": "tuned"})
+        try:
+            rt_mod = tvm.compile(lower(cand, name, tensors), target=target).jit()
+            problem = verify_tuned(cand, rt_mod, name, tensors)
+        except Exception as exc:  # noqa: BLE001 - a broken candidate is rejected, not fatal
+            problem = f"it fails to build or run: {exc}"
+        if problem:
+            store.reject(rid, problem)
+        else:
+            out.append((rid, trace, run_secs, rt_mod))
+    return out
+
+
 def _local_check(base: Schedule, store: tuning_db.WorkloadStore, db, result: TuneResult,
                  evaluator: dict) -> None:
     """Head-to-head on this machine: the default schedule vs the best candidates that agree
@@ -141,7 +169,7 @@ def _local_check(base: Schedule, store: tuning_db.WorkloadStore, db, result: Tun
     default)."""
     import tvm
 
-    from dsl.runtime.build import lower, verify_tuned
+    from dsl.runtime.build import lower
     from dsl.runtime.timing import alternating_medians
 
     name = "dsl_tune_check"
@@ -155,27 +183,10 @@ def _local_check(base: Schedule, store: tuning_db.WorkloadStore, db, result: Tun
         return lambda: float(f(*args).mean)
 
     target = base.target.tvm_target()
-    sides = [timer(tvm.compile(lower(base, name, tensors), target=target).jit())]
-    rejected = store.rejected()
-    candidates = []
-    for _, rec in db.records[:3]:
-        trace, run_secs = tuning_db.plain_json(rec.as_json())[:2]
-        rid = tuning_db.record_id(trace, store.key)
-        if rid in rejected or any(c[0] == rid for c in candidates):
-            continue
-        cand = dataclasses.replace(base, override=tuning_db.TraceOverride(trace),
-                                   schedule_meta={"source": "tuned"})
-        try:
-            rt_mod = tvm.compile(lower(cand, name, tensors), target=target).jit()
-            problem = verify_tuned(cand, rt_mod, name, tensors)
-        except Exception as exc:  # noqa: BLE001 - a broken candidate is rejected, not fatal
-            problem = f"it fails to build or run: {exc}"
-        if problem:
-            store.reject(rid, problem)
-            continue
-        candidates.append((rid, trace, run_secs))
-        sides.append(timer(rt_mod))
-    times = alternating_medians(sides, CHECK_ROUNDS)
+    default = tvm.compile(lower(base, name, tensors), target=target).jit()
+    candidates = _verified_candidates(base, store, db, name, tensors, target)
+    times = alternating_medians([timer(default)] + [timer(c[3]) for c in candidates],
+                                CHECK_ROUNDS)
     result.default_seconds = times[0]
     common = {"default_seconds": times[0], "trials": result.records,
               "tuning_seconds": round(result.seconds, 3), "flops": result.flops}
@@ -183,7 +194,7 @@ def _local_check(base: Schedule, store: tuning_db.WorkloadStore, db, result: Tun
         best = min(range(1, len(times)), key=times.__getitem__)
         result.tuned_seconds = times[best]
         if times[best] < ACCEPT_RATIO * times[0]:
-            rid, trace, run_secs = candidates[best - 1]
+            rid, trace, run_secs, _ = candidates[best - 1]
             store.accept(rid, trace, tuning_db.mean_seconds(run_secs),
                          tuned_seconds=times[best], seed=db.seed, **common)
             result.accepted = rid

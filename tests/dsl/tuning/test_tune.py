@@ -181,7 +181,7 @@ def test_ctrl_c_keeps_records(db, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
         import sys
-        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "dsl")!r}]
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "dsl" / "tuning")!r}]
         from test_tune import seed_dx, FAST
         import dsl
         try:
