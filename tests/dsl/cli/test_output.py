@@ -105,3 +105,17 @@ def test_progress_disabled_prints_nothing():
         steps.update(2)
         steps.note("n")
     assert stream.getvalue() == ""
+
+
+def test_examples_json_to_stdout(tmp_path, capsys):
+    from dsl.cli import examples
+
+    rc = examples.main(["conv2d_backprop_input_seed", "--kernel-meta-parent-dir", str(tmp_path),
+                        "--json", "-"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    data = json.loads(out)
+    (row,) = data["examples"]
+    assert row["example"] == "conv2d_backprop_input_seed" and row["ok"] is True
+    assert data["passed"] == 1 and data["failed"] == 0
+    assert "conv2d_backprop_input_seed" in err and "1 passed" in err  # the table went aside
