@@ -1,29 +1,60 @@
-"""``python -m dsl COMMAND``: examples (the main job), bench, tune, peak.
+"""``python -m dsl COMMAND`` (or ``dsl COMMAND``, the console script): examples (the main job),
+bench, tune, show, clean, peak, export.
 
 Each command lives in its own module with a ``main(argv) -> int``; this file only dispatches.
+A command is one entry of :data:`COMMANDS` (a plain dict: add a line to add a command).
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 COMMANDS = {
     "examples": ("dsl.cli.examples", "build, run and verify every example kernel"),
     "bench": ("dsl.cli.bench.runner", "benchmark suite: GFLOP/s vs PyTorch side by side"),
-    "tune": ("dsl.tuning.tune", "meta-schedule tuning into the tuning database"),
-    "export": ("dsl.cli.export", "cross-compile benchmark kernels to time on another machine"),
+    "tune": ("dsl.cli.tune", "meta-schedule tuning into the tuning database"),
+    "show": ("dsl.cli.show", "a built kernel: its metadata, threads, assembly or TIR"),
+    "clean": ("dsl.cli.clean", "empty the kernel cache (tuning database, kernel_meta/ on request)"),
     "peak": ("dsl.cli.peak", "measure and cache this machine's fp32/bf16/int8 roof"),
+    "export": ("dsl.cli.export", "cross-compile benchmark kernels to time on another machine"),
 }
 
 
+def _prog_name(argv0: str) -> str:
+    """``dsl`` when started as the console script, ``python -m dsl`` as a module."""
+    name = os.path.basename(argv0 or "")
+    if not name or name in ("__main__.py", "-c", "-m") or name.endswith(".py"):
+        return "python -m dsl"
+    return name
+
+
+def usage(prog: str) -> str:
+    lines = [f"usage: {prog} COMMAND [options]   ({prog} COMMAND --help for a command's options)",
+             f"       {prog} --version", "", "commands:"]
+    lines += [f"  {name:10s} {text}" for name, (_, text) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from dsl.cli import common
+
+    if argv is None:
+        common.PROG = _prog_name(sys.argv[0])
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m dsl {" + ",".join(COMMANDS) + "} [options]\n")
-        for name, (_, text) in COMMANDS.items():
-            print(f"  {name:10s} {text}")
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    prog = common.PROG
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage(prog), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        from dsl._version import __version__
+
+        print(f"convbwd-dsl {__version__}")
+        return 0
+    if argv[0] not in COMMANDS:
+        what = "option" if argv[0].startswith("-") else "command"
+        return common.UsageError(f"unknown {what} {argv[0]!r}", list(COMMANDS)).report()
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)
 

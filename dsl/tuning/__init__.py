@@ -1,5 +1,7 @@
-"""Auto-tuning: meta-schedule search (:mod:`~dsl.tuning.tune`) and the per-user tuning
-database (:mod:`~dsl.tuning.database`).
+"""Auto-tuning: the search (:mod:`~dsl.tuning.tune`, ``dsl.tune``), its meta-schedule glue
+(:mod:`~dsl.tuning.meta_schedule`: database adapter, design space, builder and runner) and the
+per-user tuning database (:mod:`~dsl.tuning.database`). The command line is
+:mod:`dsl.cli.tune`.
 
 Importing this package plugs the database into :func:`dsl.auto_schedule` and ``build`` (the
 runtime sits below this layer and never imports it).

@@ -66,7 +66,7 @@ def _dtype() -> str:
 
 def _setup(layer: Layer, dtype: str) -> Prepared:
     import targets
-    from dsl import deconvgradfilter as api
+    from dsl.api import deconvgradfilter as api
 
     tgt = targets.current()
     cores = max(1, min(tgt.cores, targets.machine_cores()))

@@ -8,25 +8,23 @@ and each sample runs enough iterations to last ``--min-time`` seconds.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
-import re
 import statistics
 import sys
 import time
 
+from dsl.runtime.timing import alternating_medians
+
 
 def _parse(argv):
-    from dsl.cli.bench import SUITES
+    from dsl.cli import output
+    from dsl.cli.common import add_selection_args, prog
 
-    p = argparse.ArgumentParser(prog="python -m dsl bench",
+    p = argparse.ArgumentParser(prog=prog("bench"),
                                 description="GFLOP/s of our kernels next to PyTorch's")
-    p.add_argument("--suite", default=",".join(SUITES),
-                   help=f"comma-separated suites (default: all of {', '.join(SUITES)})")
-    p.add_argument("--filter", default="",
-                   help="regular expression on 'suite/name/kind' selecting workloads")
+    add_selection_args(p)
     p.add_argument("--repeat", type=int, default=7, help="timed samples per side (median)")
     p.add_argument("--min-time", type=float, default=0.03,
                    help="seconds one sample lasts at least (more iterations per sample)")
@@ -38,7 +36,7 @@ def _parse(argv):
     p.add_argument("--settle", type=float, default=0.02,
                    help="seconds to sleep before each sample, so the other side's spinning "
                         "worker threads (TVM pool, OpenMP) park first")
-    p.add_argument("--json", default=None, metavar="PATH", help="write the table as JSON")
+    output.add_json_arg(p)
     p.add_argument("--no-peer", action="store_true", help="skip PyTorch")
     args = p.parse_args(argv)
     if args.repeat < 1:
@@ -97,16 +95,6 @@ def measure_alternating(fns, repeat: int, min_time: float,
     iters = [_calibrate(fn, min_time) for fn in fns]
     return alternating_medians(
         [lambda fn=fn, n=n: _sample(fn, n, settle) for fn, n in zip(fns, iters)], repeat)
-
-
-def alternating_medians(samplers, rounds: int) -> list[float]:
-    """Median of ``rounds`` results of each sampler, taken one of each per round so that a
-    slow spell of the machine hits every side alike."""
-    samples: list[list[float]] = [[] for _ in samplers]
-    for _ in range(rounds):
-        for sample, out in zip(samplers, samples):
-            out.append(sample())
-    return [statistics.median(s) for s in samples]
 
 
 def measure(prep, repeat: int, min_time: float, use_peer: bool,
@@ -168,41 +156,55 @@ def format_row(r: dict) -> str:
 
 def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
         out=None) -> list[dict]:
-    """Set up, time and print each workload; returns one dict per row."""
-    out = out or sys.stdout
+    """Set up and time each workload, reporting progress on ``out`` (default stderr);
+    returns one dict per row."""
+    from dsl.progress import Steps
+
     rows = []
-    total = len(workloads)
-    for i, w in enumerate(workloads, 1):
-        print(f"[{i}/{total}] {w.suite}/{w.name} {w.kind}: building ...", end="", file=out,
-              flush=True)
-        row = {"suite": w.suite, "name": w.name, "kind": w.kind, "flops": w.flops}
-        try:
-            prep = w.setup()
-            print(f" {prep.build_seconds:.2f} s; timing ...", end="", file=out, flush=True)
-            ours, peer, others = measure(prep, repeat, min_time, use_peer, settle)
-            err = prep.verify() if use_peer else None
-            nbytes = getattr(w, "bytes", 0.0)
-            row.update(unit="GB/s" if nbytes else "GFLOP/s", bytes=nbytes,
-                       ours_gbps=nbytes / ours / 1e9 if nbytes else None,
-                       peer_gbps=nbytes / peer / 1e9 if nbytes and peer else None,
-                       others_s=others, others_ratio={k: v / ours for k, v in others.items()})
-            row.update(check_err=err, ours_s=ours, peer_s=peer, build_s=prep.build_seconds,
-                       load_avg=round(os.getloadavg()[0], 2),
-                       ours_gflops=w.flops / ours / 1e9,
-                       peer_gflops=w.flops / peer / 1e9 if peer else None,
-                       ratio=peer / ours if peer else None, info=dict(prep.info), error=None)
-            print(" done", file=out, flush=True)
-        except Exception as exc:  # noqa: BLE001 - one broken workload must not stop the rest
-            row.update(ours_s=None, peer_s=None, build_s=None, ours_gflops=None, check_err=None,
-                       peer_gflops=None, ratio=None, info={},
-                       error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
-            print(" FAILED", file=out, flush=True)
-        rows.append(row)
+    with Steps(len(workloads), "[bench]", unit="workload", stream=out) as steps:
+        for w in workloads:
+            rows.append(_run_one(w, repeat, min_time, use_peer, settle))
+            steps.update(1, progress_text(rows[-1]))
     return rows
 
 
+def progress_text(row: dict) -> str:
+    """What one finished workload's progress line says."""
+    from dsl.cli.output import cell
+
+    what = f"{row['suite']}/{row['name']} {row['kind']}"
+    if row.get("error"):
+        return f"{what}: FAILED"
+    return (f"{what}: build {cell(row['build_s'], '.2f')} s, ours "
+            f"{cell(row['ours_gflops'], '.1f')} GFLOP/s")
+
+
+def _run_one(w, repeat, min_time, use_peer, settle) -> dict:
+    """Set up, check and time one workload; a failure becomes the row's ``error``."""
+    row = {"suite": w.suite, "name": w.name, "kind": w.kind, "flops": w.flops}
+    try:
+        prep = w.setup()
+        ours, peer, others = measure(prep, repeat, min_time, use_peer, settle)
+        err = prep.verify() if use_peer else None
+        nbytes = getattr(w, "bytes", 0.0)
+        row.update(unit="GB/s" if nbytes else "GFLOP/s", bytes=nbytes,
+                   ours_gbps=nbytes / ours / 1e9 if nbytes else None,
+                   peer_gbps=nbytes / peer / 1e9 if nbytes and peer else None,
+                   others_s=others, others_ratio={k: v / ours for k, v in others.items()})
+        row.update(check_err=err, ours_s=ours, peer_s=peer, build_s=prep.build_seconds,
+                   load_avg=round(os.getloadavg()[0], 2),
+                   ours_gflops=w.flops / ours / 1e9,
+                   peer_gflops=w.flops / peer / 1e9 if peer else None,
+                   ratio=peer / ours if peer else None, info=dict(prep.info), error=None)
+    except Exception as exc:  # noqa: BLE001 - one broken workload must not stop the rest
+        row.update(ours_s=None, peer_s=None, build_s=None, ours_gflops=None, check_err=None,
+                   peer_gflops=None, ratio=None, info={},
+                   error=f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+    return row
+
+
 def add_roof(rows, threads: int, out=None) -> None:
-    """Give each row ``roof_pct``: its GFLOP/s as a share of this machine's fp32 roof on
+    """Give each GFLOP/s row ``roof_pct``: its rate as a share of this machine's fp32 roof on
     ``threads`` threads (``targets.roof.measured_peak``: measured once per machine, cached),
     and print that roof. Rows stay as they are when the roof cannot be measured here."""
     from targets import roof
@@ -243,17 +245,21 @@ def main(argv=None) -> int:
         os.environ["DSL_BENCH_DTYPE"] = args.dtype
 
     import targets
-    from dsl.cli.bench import load_suites
+    from dsl.cli import output
+    from dsl.cli.common import UsageError, select_workloads
     from dsl.runtime.target import get as target_get
 
+    try:
+        if args.target and args.target not in targets.names():
+            raise UsageError(f"unknown target {args.target!r}", targets.names())
+        selected = select_workloads(args.suite, args.filter)
+    except UsageError as exc:
+        return exc.report("bench")
     target = target_get(args.target or "host")
     if args.threads is not None:
         target = target.with_cores(args.threads)
     fair_thread_env(target.cores)
-    suites = [s for s in args.suite.split(",") if s]
-    pattern = re.compile(args.filter) if args.filter else None
-    selected = [w for w in load_suites(suites)
-                if pattern is None or pattern.search(f"{w.suite}/{w.name}/{w.kind}")]
+    table = sys.stderr if output.json_to_stdout(args.json) else sys.stdout
     try:
         import torch
         peer_version = None if args.no_peer else torch.__version__
@@ -264,29 +270,29 @@ def main(argv=None) -> int:
           f"(TVM pool {info['tvm_threads']}); "
           f"target {target.name} ({info['mcpu']}, {target.vector_bits}-bit); "
           f"tvm {info['tvm']}; torch {peer_version or 'absent'}; load {info['load_avg']}; "
-          f"median of {args.repeat} alternating samples")
-    if not selected:
-        print("no workloads selected", file=sys.stderr)
-        return 2
+          f"median of {args.repeat} alternating samples", file=table)
     with targets.use(target):
         rows = run(selected, repeat=args.repeat, min_time=args.min_time,
                    use_peer=peer_version is not None, settle=args.settle)
+    summ = summary(rows)
+    add_roof(rows, target.cores, out=table)
+    if table is sys.stdout:
+        print_table(rows, summ)
+    output.write_json({"machine": info, "repeat": args.repeat, "min_time": args.min_time,
+                       "settle": args.settle, "argv": list(argv or []),
+                       "rows": rows, "summary": summ}, args.json)
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
+def print_table(rows, summ) -> None:
+    """The results table and the per-suite/kind summary lines, on stdout."""
     print()
-    add_roof(rows, target.cores)
     print(HEAD + (f" {'% roof':>7s}" if any("roof_pct" in r for r in rows) else ""))
     for r in rows:
         print(format_row(r))
-    summ = summary(rows)
     print()
     for kind, s in summ.items():
         print(f"{kind:<16s} geomean ours/torch {_fmt(s['geomean_ratio'], '.2f', 6)}  "
               f"min {_fmt(s['min_ratio'], '.2f', 5)}  "
               f"geomean ours {_fmt(s['geomean_ours_gflops'], '.1f', 7)} GFLOP/s  "
               f"median build {_fmt(s['median_build_s'], '.2f', 5)} s  ({s['rows']} rows)")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"machine": info, "repeat": args.repeat, "min_time": args.min_time,
-                       "settle": args.settle, "argv": list(argv or []),
-                       "rows": rows, "summary": summ}, f, indent=1)
-        print(f"wrote {args.json}")
-    return 1 if any(r.get("error") for r in rows) else 0

@@ -33,10 +33,12 @@ def test_bench_main_prints_table_and_json(smoke_suite, tmp_path, capsys):
     path = tmp_path / "bench.json"
     rc = runner.main(["--suite", "smoke", "--repeat", "2", "--min-time", "0.001",
                       "--json", str(path)])
-    out = capsys.readouterr().out
-    assert rc == 0, out
+    out, err = capsys.readouterr()
+    assert rc == 0, out + err
     assert out.startswith("# ") and "threads" in out  # the machine header
-    assert "[1/3]" in out and "[3/3]" in out  # progress
+    # progress on stderr, one whole line per workload (not a terminal here)
+    assert "[bench] 1/3 workloads" in err and "[bench] 3/3 workloads" in err
+    assert "\r" not in err
     data = json.loads(path.read_text())
     rows = {r["kind"]: r for r in data["rows"]}
     assert set(rows) == {"dx", "dw", "pool_dx"}
