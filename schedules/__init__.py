@@ -26,7 +26,11 @@ class Workload:
     anchor_tag : str
         Tag of the output stage (the registry key).
     blocks : dict
-        Block name per stage tag (``{"conv2d_backprop_input.acc": "dx_acc", ...}``).
+        Block name per stage tag (``{"conv2d_backprop_input.weight": "dx_weight", ...}``);
+        for a tag that several stages carry, the last of them.
+    stages : dict
+        Every block name per stage tag, producers first (dx has one ``acc`` per stride
+        phase). :meth:`find` and :meth:`find_all` turn them into block handles.
     attrs : dict
         The anchor compute's ``attrs`` (op name, JSON parameters).
     target : CpuTarget
@@ -41,6 +45,22 @@ class Workload:
     target: CpuTarget
     extra: dict = field(default_factory=dict)
     decisions: list = field(default_factory=list)
+    stages: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for tag, name in self.blocks.items():
+            self.stages.setdefault(tag, [name])
+
+    def find_all(self, sch, tag: str) -> list:
+        """The blocks of ``sch`` whose stage carries ``tag``, in program order."""
+        names = set(self.stages.get(tag, ()))
+        return [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+                if sch.get(b).name_hint in names]
+
+    def find(self, sch, tag: str):
+        """The block of the stage tagged ``tag`` (the last one, as :attr:`blocks`), or None."""
+        name = self.blocks.get(tag)
+        return sch.get_sblock(name) if name is not None else None
 
     def note(self, stage: str, rule: str, why: str) -> None:
         """Record that ``rule`` scheduled block ``stage`` because ``why``."""

@@ -46,6 +46,18 @@ def walk(outputs) -> tuple[list, list]:
     return placeholders, computes
 
 
+def block_names(computes) -> list[str]:
+    """The block name ``te.create_prim_func`` gives each compute (producers first): its
+    ``name``, and ``name_1``, ``name_2``, ... for later computes of the same name."""
+    used: dict[str, int] = {}
+    names = []
+    for op in computes:
+        k = used.get(op.name, 0)
+        used[op.name] = k + 1
+        names.append(op.name if k == 0 else f"{op.name}_{k}")
+    return names
+
+
 @dataclass
 class Schedule:
     """What ``auto_schedule`` returns and ``build`` consumes.
@@ -70,11 +82,15 @@ class Schedule:
         from schedules import Workload
 
         _, computes = walk(self.outputs)
-        blocks = {op.tag: op.name for op in computes if op.tag}
+        stages: dict[str, list[str]] = {}
+        for op, name in zip(computes, block_names(computes)):
+            if op.tag:
+                stages.setdefault(op.tag, []).append(name)
+        blocks = {tag: names[-1] for tag, names in stages.items()}
         anchor = self.outputs[0].op
         attrs = {str(k): (str(v) if not isinstance(v, (int, float)) else v)
                  for k, v in (anchor.attrs.items() if anchor.attrs else [])}
-        return Workload(self.anchor_tag, blocks, attrs, self.target)
+        return Workload(self.anchor_tag, blocks, attrs, self.target, stages=stages)
 
     def prim_func(self, tensor_list=None):
         from tvm import te
