@@ -54,6 +54,7 @@ ELEMWISE = "elemwise"
 BROADCAST = "broadcast"
 INJECTIVE = "injective"
 REDUCE = "reduce"
+PATTERNS = frozenset({ELEMWISE, BROADCAST, INJECTIVE, REDUCE})
 
 
 def stage(op: str, name: str) -> str:

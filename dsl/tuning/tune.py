@@ -315,13 +315,8 @@ def _hand_space(base: Schedule, mod):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from schedules import lookup
-
-    _, rule = lookup(base.anchor_tag, base.target)
-    workload = base.workload()
-
     def apply(sch):
-        rule(sch, workload)
+        base.apply_rule(sch)
         return sch
 
     try:
