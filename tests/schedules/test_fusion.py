@@ -63,6 +63,7 @@ def _check_fused(kernel_or_sch, epilogues, rule):
     assert set(epilogues) <= fused, sch.decisions
     assert not names & set(epilogues), names
     assert any(r != "fusion" for _, r, _ in sch.decisions)  # the operator's rule noted its own
+    return {stage: why for stage, _, why in sch.decisions}
 
 
 # ---------------------------------------------------------------------------------------- dx
@@ -93,7 +94,9 @@ def dx_graph(c, variant):
 @pytest.mark.parametrize("c", CASES, ids=case_id)
 def test_dx_with_epilogue(c, variant):
     args, out, epilogues = dx_graph(c, variant)
-    _check_fused({"outs": out, "args": [*args, out]}, epilogues, "schedule_dx_x86")
+    notes = _check_fused({"outs": out, "args": [*args, out]}, epilogues, "schedule_dx_x86")
+    if variant == "bias_prologue":  # cast + scale of dy folded into dx's own pad / cast stage
+        assert notes["dy_scale"].startswith("prologue inlined into dx_dy_"), notes
     kernel = kernel_cache.get_kernel({"t": "fuse_dx", "c": c, "v": variant},
                                      lambda: _make(dx_graph, c, variant), prefix="t_fuse_dx")
     rng = np.random.default_rng(3)
@@ -141,7 +144,10 @@ def dw_graph(c, variant):
 @pytest.mark.parametrize("c", CASES[:3], ids=case_id)
 def test_dw_with_epilogue(c, variant):
     args, out, epilogues = dw_graph(c, variant)
-    _check_fused({"outs": out, "args": [*args, out]}, epilogues, "schedule_dw_x86")
+    notes = _check_fused({"outs": out, "args": [*args, out]}, epilogues, "schedule_dw_x86")
+    if variant == "decay_prologue":  # inlined into its pad / cast stage, or materialised
+        assert notes["dy_scale"].startswith(("prologue inlined into dw_dy_",  # once when the
+                                             "not inlinable: elementwise")), notes  # acc reads dy
     kernel = kernel_cache.get_kernel({"t": "fuse_dw", "c": c, "v": variant},
                                      lambda: _make(dw_graph, c, variant), prefix="t_fuse_dw")
     rng = np.random.default_rng(5)
