@@ -246,3 +246,26 @@ def test_anchor_found_below_a_user_output():
     sch = dsl.auto_schedule(out)
     assert sch.anchor_tag == "conv2d_backprop_input"
     assert sch.op_info()["op"] == "conv2d_backprop_input"
+
+
+def test_epilogue_after_a_reduction_output_gets_the_elementwise_rule():
+    """avg_pool2d_backward in float32 with no W phases: the output stage is the reduction
+    itself, TVM refuses the inline, and the epilogue is scheduled on its own, still right."""
+    from reference import avg_pool2d_backward as ref_pool
+
+    def make():
+        dy = te.placeholder((2, 3, 5, 7), "float32", "grad_output")
+        x = te.placeholder((2, 3, 9, 7), "float32", "self")
+        dx = dsl.avg_pool2d_backward(dy, x, [3], [2, 1], [1], False, True, 0)
+        return [dy], [_ew(tuple(int(d) for d in dx.shape), lambda i: dx[i] * 2.0 + 1.0, "epi")]
+
+    args, outs = make()
+    sch = dsl.auto_schedule(outs)
+    sch.s_tir([*args, *outs])
+    assert sch.rule_name.endswith("schedule_avg_pool2d_backward")
+    assert ("epi", "fusion", "not inlinable: elementwise rule (vector lanes, parallel)") \
+        in sch.decisions
+    kernel = kernel_cache.get_kernel({"t": "fuse_pool"}, make, prefix="t_fuse_pool")
+    dy = rand(np.random.default_rng(11), (2, 3, 5, 7), "float32")
+    ref = ref_pool(dy, (2, 3, 9, 7), (3, 3), (2, 1), (1, 1), False, True, 0) * 2 + 1
+    assert_close(kernel(dy), ref, "float32", "pool epilogue")
