@@ -11,69 +11,47 @@ parallel rows, vector lanes.
 
 from __future__ import annotations
 
+from dsl.ops import tag
 from schedules import register
+from schedules.toolbox import exact_vector_factor, extent, parallel, vectorize_split
 
-TAG = "avg_pool2d_backward"
 UNROLL_TAPS = 16  # unroll the candidate loops when there are at most this many candidates
-
-
-def vector_factor(extent: int, lanes: int) -> int:
-    """Lanes for a loop of ``extent`` (1: leave it to LLVM's loop vectoriser).
-
-    A split whose factor does not divide the extent leaves a predicate that TVM's vectoriser
-    scalarises (measured 5-7x slower), so only exact factors are used: the whole loop up to
-    four registers (LLVM splits odd widths into legal vectors), else a divisor in
-    ``[lanes/2, lanes]``, else one in ``(lanes, 4*lanes]``.
-    """
-    if extent <= 4 * lanes:
-        return extent
-    for lo, hi in ((max(1, lanes // 2), lanes), (lanes + 1, 4 * lanes)):
-        for v in range(hi, lo - 1, -1):
-            if extent % v == 0:
-                return v
-    return 1
+RULE = "x86 pooling rows"
 
 
 def _vectorize_last(sch, loop, lanes: int):
-    """Split ``loop`` into (outer, lanes) and vectorise the lanes; returns (outer, inner)."""
-    extent = int(sch.get(loop).extent)
-    v = vector_factor(extent, lanes)
-    if v == extent or v == 1:
-        if v > 1:
-            sch.vectorize(loop)
-        return None, loop
-    outer, inner = sch.split(loop, [None, v])
-    sch.vectorize(inner)
-    return outer, inner
+    """Vectorise ``loop`` by :func:`~schedules.toolbox.exact_vector_factor` (nothing when
+    that is 1); returns (outer or None, inner)."""
+    v = exact_vector_factor(extent(sch, loop), lanes)
+    return vectorize_split(sch, loop, v) if v > 1 else (None, loop)
 
 
-def _parallel(sch, loops, cores: int):
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    if cores > 1 and int(sch.get(fused).extent) > 1:
-        sch.parallel(fused)
-    return fused
-
-
-@register(TAG, "x86")
+@register(tag.AVG_POOL2D_BACKWARD, "x86")
 def schedule_avg_pool2d_backward(sch, workload) -> None:
-    tgt, blocks = workload.target, workload.blocks
+    tgt = workload.target
     lanes = tgt.lanes("float32")  # the arithmetic is float32 whatever the tensors' dtype
     row_axes = 2 if workload.attrs.get("layout") == "NC1HWC0" else 1  # (W, C0) or (W,)
 
-    scale = sch.get_sblock(blocks[f"{TAG}.scale"])
-    out = sch.get_sblock(blocks[TAG])
-    separate = f"{TAG}.acc" in blocks  # False for float32: the output is the reduction
-    red = sch.get_sblock(blocks[f"{TAG}.acc"]) if separate else out
+    scale = workload.find(sch, tag.POOL_SCALE)
+    out = workload.find(sch, tag.AVG_POOL2D_BACKWARD)
+    red = workload.find(sch, tag.POOL_ACC)
+    separate = red is not None  # False for float32: the output is the reduction
+    red = red if separate else out
+    for block, why in ((scale, "scaled dy: parallel rows, vector lanes"),
+                       (out, "parallel output rows, reduction computed per row"),
+                       (red if separate else None, "candidate windows per output row")):
+        if block is not None:
+            workload.note(sch.get(block).name_hint, RULE, why)
 
     # Scaled dy: rows in parallel, lanes along the contiguous axis.
     loops = sch.get_loops(scale)
-    _parallel(sch, loops[:-row_axes], tgt.cores)
+    parallel(sch, loops[:-row_axes], tgt.cores)
     _vectorize_last(sch, sch.get_loops(scale)[-1], lanes)
 
     # Output: one parallel loop over rows; the reduction is computed per row under it.
     n_sp = len(sch.get(out).iter_vars) - (0 if separate else 2)
     loops = sch.get_loops(out)
-    row_loop = _parallel(sch, loops[:n_sp - row_axes], tgt.cores)
+    row_loop = parallel(sch, loops[:n_sp - row_axes], tgt.cores)
     if separate:
         _vectorize_last(sch, sch.get_loops(out)[-1], lanes)
         sch.compute_at(red, row_loop, preserve_unit_loops=True)
@@ -86,7 +64,7 @@ def schedule_avg_pool2d_backward(sch, workload) -> None:
     vec = loops[-4] if phased else loops[-3]
     _, inner = _vectorize_last(sch, vec, lanes)
     sch.reorder(*([loops[-3]] if phased else []), jh, jw, inner)
-    taps = int(sch.get(jh).extent) * int(sch.get(jw).extent)
+    taps = extent(sch, jh) * extent(sch, jw)
     sch.decompose_reduction(red, jh)  # the init copies the vectorised lanes loop
     if taps <= UNROLL_TAPS:
         sch.unroll(jw)

@@ -17,21 +17,21 @@ from __future__ import annotations
 import math
 
 import schedules
-from schedules.conv2d_backprop_input import (
+from dsl.ops import tag
+from schedules.toolbox import (
     C0,
     PARALLEL_MIN_ELEMS,
-    best_factor,
-    block_named,
-    blocks_with_prefix,
     c0_vectors,
-    elementwise,
+    elementwise_c0,
     extent,
+    extents,
     register_tile,
     split_loops,
+    tile_factor,
     vector_registers,
 )
 
-TAG = "conv2d_backprop_filter"
+RULE = "x86 dw register tile"
 
 
 def _buffer_bytes(region) -> int:
@@ -54,7 +54,7 @@ def dw_tiles(sch, block, target, grouped: bool) -> dict[int, int]:
         for c1_t in (1, 2, 4):
             if c1 % c1_t or not fits(c1_t, 1):
                 continue
-            co_t = best_factor(co, max(t for t in range(1, regs) if fits(c1_t, t)))
+            co_t = tile_factor(co, max(t for t in range(1, regs) if fits(c1_t, t)))
             # most accumulators wins; ties go to the smaller C1 tile (fewer vector loads)
             best = max(best, (c1_t * co_t, -c1_t, co_t))
         return {0: -best[1], 3: best[2]}
@@ -63,7 +63,7 @@ def dw_tiles(sch, block, target, grouped: bool) -> dict[int, int]:
         # accumulators + one x vector per tap + one dy vector per channel
         return (h * w * c + h * w + c) * n_vec <= regs
 
-    co_t = best_factor(co, max(t for t in range(1, co + 1) if t == 1 or fits_g(1, 1, t)))
+    co_t = tile_factor(co, max(t for t in range(1, co + 1) if t == 1 or fits_g(1, 1, t)))
     kw_t = max(t for t in range(1, kw + 1) if t == 1 or fits_g(1, t, co_t))
     kh_t = max(t for t in range(1, kh + 1) if t == 1 or fits_g(t, kw_t, co_t))
     return {1: kh_t, 2: kw_t, 3: co_t}
@@ -88,13 +88,14 @@ def reduction_chunks(sch, block, target, tiles: dict[int, int]) -> int:
     return max(1, min(chunks, rows))
 
 
-def schedule_acc(sch, block, target, grouped: bool) -> None:
+def schedule_acc(sch, block, target, grouped: bool) -> int:
+    """Register-tile one dw accumulator; returns the number of rfactor chunks (1: none)."""
     tiles = dw_tiles(sch, block, target, grouped)
     chunks = reduction_chunks(sch, block, target, tiles)
     if chunks <= 1:
         spatial, red = split_loops(sch, block)
         register_tile(sch, block, target, spatial, red, tiles, par=[0, 1, 2, 3], serial=[])
-        return
+        return 1
     spatial, (rn, rh, rw) = split_loops(sch, block)
     rows = sch.fuse(rn, rh)
     r_o, r_i = sch.split(rows, [chunks, None])
@@ -110,18 +111,24 @@ def schedule_acc(sch, block, target, grouped: bool) -> None:
     _, lanes = c0_vectors(target)
     lane_i = sch.split(lane, [None, lanes])[-1]
     sch.vectorize(lane_i)
-    if math.prod(extent(sch, lp) for lp in (c1, kh, kw, co)) * C0 >= PARALLEL_MIN_ELEMS:
+    if extents(sch, (c1, kh, kw, co)) * C0 >= PARALLEL_MIN_ELEMS:
         sch.parallel(sch.fuse(c1, kh, kw))
     sch.decompose_reduction(block, r)
+    return chunks
 
 
-@schedules.register(TAG, "x86")
+@schedules.register(tag.CONV2D_BACKPROP_FILTER, "x86")
 def schedule_dw_x86(sch, workload) -> None:
     target = workload.target
-    grouped = block_named(sch, "dw_dy_group") is not None
-    for acc in blocks_with_prefix(sch, "dw_acc"):
-        schedule_acc(sch, acc, target, grouped)
-    for name in ("dw_x_pad", "dw_dy_group", "dw_dy_cast", "dw"):
-        block = block_named(sch, name)
+    grouped = tag.DW_DY_GROUP in workload.stages
+    for acc in workload.find_all(sch, tag.DW_ACC):
+        name = sch.get(acc).name_hint  # before decompose_reduction renames it
+        chunks = schedule_acc(sch, acc, target, grouped)
+        workload.note(name, RULE,
+                      ("C x KW x KH" if grouped else "C1 x C") + " tile of C0 lanes"
+                      + (f", N*Ho rows in {chunks} rfactor chunks" if chunks > 1 else ""))
+    for stage in (tag.DW_X_PAD, tag.DW_DY_GROUP, tag.DW_DY_CAST, tag.CONV2D_BACKPROP_FILTER):
+        block = workload.find(sch, stage)
         if block is not None:
-            elementwise(sch, block, target)
+            elementwise_c0(sch, block, target)
+            workload.note(sch.get(block).name_hint, RULE, "elementwise 5HD stage")

@@ -1,4 +1,4 @@
-"""x86 schedule of ``conv2d_backprop_input`` (dx), and the register-tiling helpers dw shares.
+"""x86 schedule of ``conv2d_backprop_input`` (dx).
 
 The compute already splits a strided dx by output phase (one ``dx_acc*`` block per phase, taps
 that hit only), so every block here is a plain direct convolution ``[N, C1x, Hq, Wq, 16]`` in
@@ -15,114 +15,10 @@ Tile sizes come from the target's register file; no target is named here.
 from __future__ import annotations
 
 import schedules
-from schedules.generic import parallel_outer, vectorize_inner
+from dsl.ops import tag
+from schedules import toolbox as tb
 
-TAG = "conv2d_backprop_input"
-C0 = 16
-
-
-def vector_registers(target) -> int:
-    """Architectural vector registers: AVX-512 has 32, SSE / AVX2 have 16."""
-    return 32 if target.vector_bits >= 512 else 16
-
-
-def c0_vectors(target, dtype: str = "float32") -> tuple[int, int]:
-    """(registers per 16-wide C0 row, lanes per register) for ``dtype``."""
-    lanes = min(C0, target.lanes(dtype))
-    return max(1, C0 // lanes), lanes
-
-
-def best_factor(extent: int, limit: int) -> int:
-    """A tile size <= ``limit`` for ``extent``: its largest divisor when that is at least half
-    of the limit (no ragged tail), else ``limit`` (the split then guards the tail)."""
-    limit = max(1, min(limit, extent))
-    div = max(d for d in range(1, limit + 1) if extent % d == 0)
-    return div if 2 * div >= limit else limit
-
-
-def extent(sch, loop) -> int:
-    return int(sch.get(loop).extent)
-
-
-def block_named(sch, name: str):
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        if sch.get(block).name_hint == name:
-            return block
-    return None
-
-
-def blocks_with_prefix(sch, prefix: str) -> list:
-    return [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-            if sch.get(b).name_hint.startswith(prefix)]
-
-
-# Below this many elements a copy stage runs on one core: waking the pool costs more than it
-# saves, and on a shared machine every fork-join waits for the slowest core.
-PARALLEL_MIN_ELEMS = 1 << 15
-
-
-def elementwise(sch, block, target, outer: int = 3) -> None:
-    """Parallel outer loops and a vectorised 16-wide lane axis for a data-parallel stage."""
-    loops = sch.get_loops(block)
-    elems = 1
-    for lp in loops:
-        elems *= extent(sch, lp)
-    if len(loops) >= 2 and extent(sch, loops[-1]) == C0:
-        _, lanes = c0_vectors(target)
-        inner = sch.split(loops[-1], [None, lanes])
-        sch.vectorize(inner[-1])
-    else:
-        vectorize_inner(sch, block)
-    if elems >= PARALLEL_MIN_ELEMS and target.cores > 1:
-        parallel_outer(sch, block, max_fuse=outer)
-
-
-def split_loops(sch, block) -> tuple[list, list]:
-    """(spatial loops, reduction loops) of a block whose loops are still in TE order."""
-    loops = sch.get_loops(block)
-    n_sp = sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 0)
-    return loops[:n_sp], loops[n_sp:]
-
-
-def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int, int],
-                  par: list[int], serial: list[int], red_inner: tuple = ()):
-    """Tile a reduction block whose last spatial loop is the 16-wide lane axis.
-
-    ``tiles`` maps spatial loop index -> inner tile size; the inner tiles and the lane axis go
-    below every reduction loop in ``red``, so their accumulators stay in registers across the
-    whole reduction. The outer parts of the spatial loops ``par`` are fused and run across
-    cores, those of ``serial`` stay serial (in that order) between them and the reduction.
-    Reduction loops also in ``red_inner`` go (unrolled) just above the tile, so loads that two
-    unrolled (tap, position) pairs share become one load.
-    """
-    outer = dict(enumerate(spatial[:-1]))
-    inner = []
-    for idx, size in tiles.items():
-        if size > 1 and extent(sch, spatial[idx]) > 1:
-            outer[idx], i = sch.split(spatial[idx], [None, size])
-            inner.append(i)
-    n_vec, lanes = c0_vectors(target)
-    lane_o, lane_i = sch.split(spatial[-1], [n_vec, lanes])
-    order_par = [outer[i] for i in par]
-    order_ser = [outer[i] for i in serial]
-    red_outer = [lp for lp in red if not any(lp is r for r in red_inner)]
-    sch.reorder(*order_par, *order_ser, *red_outer, *red_inner, *inner, lane_o, lane_i)
-    # parallel before decompose_reduction: the split init block would break compact dataflow
-    fused = sch.fuse(*order_par) if len(order_par) > 1 else order_par[0]
-    sch.parallel(fused)
-    anchor = order_ser[-1] if order_ser else fused
-    wb = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(wb, anchor, preserve_unit_loops=True)
-    for lp in [*red_inner, *inner]:
-        sch.unroll(lp)
-    sch.unroll(lane_o)
-    sch.vectorize(lane_i)
-    sch.decompose_reduction(block, red_outer[0] if red_outer else red[0])
-    last = sch.get_loops(wb)[-1]
-    if extent(sch, last) > lanes and extent(sch, last) % lanes == 0:
-        last = sch.split(last, [None, lanes])[-1]
-    sch.vectorize(last)
-    return wb, anchor
+RULE = "x86 dx register tile"
 
 
 def dx_positions_tile(sch, block, target) -> None:
@@ -131,12 +27,12 @@ def dx_positions_tile(sch, block, target) -> None:
     is broadcast per (channel, tap, output channel)."""
     b, ci, qh, qw, *red = sch.get_loops(block)
     lanes = target.lanes("float32")
-    regs = vector_registers(target)
-    cin, nqw = extent(sch, ci), extent(sch, qw)
+    regs = tb.vector_registers(target)
+    cin, nqw = tb.extent(sch, ci), tb.extent(sch, qw)
     ci_t = max(c for c in range(1, min(cin, 4) + 1) if cin % c == 0)
     # accumulators + the dy vectors of the tile + one broadcast weight per channel
     n_vec = max(v for v in range(1, regs) if v == 1 or ci_t * v + v + ci_t <= regs)
-    vw = lanes * best_factor(-(-nqw // lanes), n_vec) if nqw > lanes else nqw
+    vw = lanes * tb.tile_factor(-(-nqw // lanes), n_vec) if nqw > lanes else nqw
     qw_o, qw_i = sch.split(qw, [None, vw])
     ci_o, ci_i = sch.split(ci, [None, ci_t])
     sch.reorder(b, qh, ci_o, qw_o, *red, ci_i, qw_i)
@@ -152,7 +48,7 @@ def dx_positions_tile(sch, block, target) -> None:
         sch.vectorize(qw_i)
     sch.decompose_reduction(block, red[0])
     last = sch.get_loops(wb)[-1]
-    if extent(sch, last) > lanes:
+    if tb.extent(sch, last) > lanes:
         last = sch.split(last, [None, lanes])[-1]
     sch.vectorize(last)
 
@@ -160,19 +56,19 @@ def dx_positions_tile(sch, block, target) -> None:
 def dx_acc_tiles(sch, block, target):
     """Register tile of one dx phase: C1x blocks x Wq positions x the lane axis."""
     loops = sch.get_loops(block)
-    c1x, wq = extent(sch, loops[1]), extent(sch, loops[3])
-    n_vec, _ = c0_vectors(target)
-    regs = vector_registers(target)
+    c1x, wq = tb.extent(sch, loops[1]), tb.extent(sch, loops[3])
+    n_vec, _ = tb.c0_vectors(target)
+    regs = tb.vector_registers(target)
 
     def fits(c, t):
         if per_lane:
             # accumulators + every dy vector of the tile's row of taps + a weight per tap
-            taps = extent(sch, red[1])
+            taps = tb.extent(sch, red[1])
             return (c * t + (t + taps - 1) + taps) * n_vec <= regs
         # accumulators + one broadcast dy per position + the weight rows of the tile
         return c * t * n_vec + t + c * n_vec <= regs
 
-    spatial, red = split_loops(sch, block)
+    spatial, red = tb.split_loops(sch, block)
     per_lane = len(red) == 3  # grouped: [jh, jw, co], dy loaded as vectors
     if per_lane:
         # dy and weight vectors both belong to one C1x block: a wider block tile reuses
@@ -181,20 +77,25 @@ def dx_acc_tiles(sch, block, target):
         cx1_t = 1
     else:
         cx1_t = 2 if c1x % 2 == 0 and fits(2, 4) else 1
-    tw = best_factor(wq, max(t for t in range(1, regs) if t == 1 or fits(cx1_t, t)))
-    return register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw}, par=[0, 1, 2],
-                         serial=[3], red_inner=(red[1],) if per_lane else ())
+    tw = tb.tile_factor(wq, max(t for t in range(1, regs) if t == 1 or fits(cx1_t, t)))
+    return tb.register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw},
+                            par=[0, 1, 2], serial=[3], red_inner=(red[1],) if per_lane else ())
 
 
-@schedules.register(TAG, "x86")
+@schedules.register(tag.CONV2D_BACKPROP_INPUT, "x86")
 def schedule_dx_x86(sch, workload) -> None:
     target = workload.target
-    for acc in blocks_with_prefix(sch, "dx_acc"):
-        if sch.get(acc).name_hint.startswith("dx_acc_w"):
+    for acc in workload.find_all(sch, tag.DX_ACC):
+        name = sch.get(acc).name_hint
+        # [N, Cin, Hq, Wq] (few input channels) or [N, C1x, Hq, Wq, C0]
+        if tb.spatial_count(sch, acc) == 4:
             dx_positions_tile(sch, acc, target)
+            workload.note(name, RULE, "few input channels: W positions in vector lanes")
         else:
             dx_acc_tiles(sch, acc, target)
-    for name in ("dx_dy_cast", "dx_dy_pad", "dx_weight", "dx"):
-        block = block_named(sch, name)
+            workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers")
+    for stage in (tag.DX_DY_CAST, tag.DX_DY_PAD, tag.DX_WEIGHT, tag.CONV2D_BACKPROP_INPUT):
+        block = workload.find(sch, stage)
         if block is not None:
-            elementwise(sch, block, target)
+            tb.elementwise_c0(sch, block, target)
+            workload.note(sch.get(block).name_hint, RULE, "elementwise 5HD stage")

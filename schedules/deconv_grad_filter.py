@@ -27,29 +27,22 @@ from __future__ import annotations
 
 import json
 
+from dsl.ops import tag
 from schedules import register
+from schedules.toolbox import (
+    divisors,
+    extents,
+    fill_vector_factor,
+    largest_divisor,
+    parallel,
+    vector_registers,
+    vectorize_innermost,
+)
 
-TAG = "deconv_grad_filter"
+RULE = "x86 blocked GEMM"
 PARALLEL_ITEMS = 32  # outer work items wanted (shape-only, so results do not depend on cores)
 MIN_CHUNK = 2048  # reduction steps (K / P) below which splitting K does not pay
 K_CHUNK = 256  # reduction steps per cache block of the one-pass GEMM
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def _largest_divisor(n: int, limit: int) -> int:
-    return max(d for d in _divisors(n) if d <= max(1, limit))
-
-
-def vector_width(extent: int, lanes: int) -> int:
-    """Elements per vectorised step: the whole axis when it fits two vectors, else the
-    divisor of ``extent`` (no tail, no predicate) that wastes the fewest lanes."""
-    if extent <= 2 * lanes:
-        return extent
-    cands = [d for d in _divisors(extent) if d <= 2 * lanes]
-    return max(cands, key=lambda d: (d / (-(-d // lanes) * lanes), d))
 
 
 AXES = ("g", "oc", "kw", "ic")  # the dw axes a tile splits (kh stays whole, outer)
@@ -70,17 +63,17 @@ def plan(p: dict, lanes: int, vector_regs: int) -> dict:
     cands = ("ic", "oc", "g") if ext["ic"] == 1 and group > 1 else ("ic", "oc")
 
     def lanes_used(axis):
-        v = vector_width(ext[axis], lanes)
+        v = fill_vector_factor(ext[axis], lanes)
         return v / -(-v // lanes)
 
     mode = max(cands, key=lambda a: (lanes_used(a), -cands.index(a)))
-    v = vector_width(ext[mode], lanes)
+    v = fill_vector_factor(ext[mode], lanes)
     rows = max(1, (vector_regs - 8) // -(-v // lanes))  # accumulators; the rest hold loads
     inner = {a: 1 for a in AXES}
     inner[mode] = v
     r1, r2 = ROWS[mode]
-    inner[r1] = _largest_divisor(ext[r1], rows)
-    inner[r2] = _largest_divisor(ext[r2], rows // inner[r1])
+    inner[r1] = largest_divisor(ext[r1], rows)
+    inner[r2] = largest_divisor(ext[r2], rows // inner[r1])
     outer = p["kernel_h"]
     for a in AXES:
         outer *= ext[a] // inner[a]
@@ -88,7 +81,7 @@ def plan(p: dict, lanes: int, vector_regs: int) -> dict:
     k_total = f_ext * p["in_w"]
     parts = 1
     if outer < PARALLEL_ITEMS:
-        for d in _divisors(f_ext):
+        for d in divisors(f_ext):
             if k_total // d < MIN_CHUNK:
                 break
             parts = d
@@ -98,41 +91,34 @@ def plan(p: dict, lanes: int, vector_regs: int) -> dict:
 
 
 def _parallel(sch, loops, cores: int) -> None:
-    """Fuse ``loops`` (outermost first) and run them across cores (nothing for one core)."""
-    if cores <= 1 or not loops:
-        return
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    if int(sch.get(fused).extent) > 1:
-        sch.parallel(fused)
+    """Fuse ``loops`` and run them across cores; for one core, leave them unfused (the
+    results do not depend on the core count, see the module docstring)."""
+    if cores > 1 and loops:
+        parallel(sch, loops, cores)
 
 
 def _elementwise(sch, block, lanes: int, cores: int) -> None:
     """Vectorise the innermost axis (split by ``lanes`` when long) and parallelise the rest."""
-    loops = sch.get_loops(block)
-    ext = int(sch.get(loops[-1]).extent)
-    if ext > 1:
-        if ext > 4 * lanes and ext % lanes == 0:
-            _, inner = sch.split(loops[-1], [None, lanes])
-            sch.vectorize(inner)
-        elif ext <= 4 * lanes:
-            sch.vectorize(loops[-1])
+    vectorize_innermost(sch, block, lanes, split_above=4 * lanes)
     loops = sch.get_loops(block)
     if len(loops) > 1:
         _parallel(sch, loops[:min(2, len(loops) - 1)], cores)
 
 
-@register(TAG, "x86")
+@register(tag.DECONV_GRAD_FILTER, "x86")
 def schedule_deconv_grad_filter(sch, workload) -> None:
     tgt = workload.target
     lanes = tgt.lanes("float32")  # fp16 inputs are widened: the arithmetic is fp32
-    regs = 32 if tgt.vector_bits >= 512 else 16
+    regs = vector_registers(tgt)
     p = json.loads(workload.attrs["dsl_params"])
     cfg = plan(p, lanes, regs)
     cores = tgt.cores
-    blocks = workload.blocks
-    pad = sch.get_sblock(blocks[f"{TAG}.dy_pad"])
-    acc = sch.get_sblock(blocks[f"{TAG}.acc"])
-    out = sch.get_sblock(blocks[TAG])
+    pad = workload.find(sch, tag.DECONV_DY_PAD)
+    acc = workload.find(sch, tag.DECONV_ACC)
+    out = workload.find(sch, tag.DECONV_GRAD_FILTER)
+    for block, why in ((acc, f"{cfg['mode']}-vector register tile, {cfg['parts']} K part(s)"),
+                       (out, "elementwise cast"), (pad, "elementwise pad")):
+        workload.note(sch.get(block).name_hint, RULE, why)
 
     g, oc, kh, kw, ic, b, ih, iw = sch.get_loops(acc)
     split = {}
@@ -157,30 +143,36 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
     chunk), so the chunk of x and dy stays in L1/L2 while all ``(kh, kw)`` tiles reuse it."""
     r1, r2, vec = tile
     g_o, oc_o, kh, kw_o, ic_o = outer
-    rows = _largest_divisor(p["batch"] * p["in_h"], max(1, K_CHUNK // p["in_w"]))
+    rows = largest_divisor(p["batch"] * p["in_h"], max(1, K_CHUNK // p["in_w"]))
     f_o, f_i = sch.split(f, [None, rows])
     par = [g_o, ic_o, oc_o]
-    if _extent(sch, par) < 2 * cores:  # too few blocks: share each chunk's tiles instead
+    if extents(sch, par) < 2 * cores:  # too few blocks: share each chunk's tiles instead
         sch.reorder(g_o, ic_o, f_o, oc_o, kh, kw_o, f_i, iw, r1, r2, vec)
         par = [oc_o, kh, kw_o]
     else:
         sch.reorder(g_o, ic_o, oc_o, f_o, kh, kw_o, f_i, iw, r1, r2, vec)
-    if cfg["mode"] != "ic":  # the vector axis innermost in dw_acc
-        pos = ("g", "oc").index(cfg["mode"])
-        sch.transform_layout(acc, ("write", 0), lambda *i: (*i[:pos], *i[pos + 1:], i[pos]))
+    _vector_axis_last(sch, acc, cfg, 0)
+    _micro_kernel(sch, acc, (r1, r2, vec), par, f_o, cores)
+
+
+def _vector_axis_last(sch, block, cfg, first: int) -> None:
+    """Move the vector axis innermost in the accumulators ``block`` writes (its dims from
+    ``first`` on are g, oc, kh, kw, ic; ic already is)."""
+    if cfg["mode"] != "ic":
+        pos = first + ("g", "oc").index(cfg["mode"])
+        sch.transform_layout(block, ("write", 0), lambda *i: (*i[:pos], *i[pos + 1:], i[pos]))
+
+
+def _micro_kernel(sch, block, tile, par, red, cores) -> None:
+    """The register tile: vector lanes, unrolled rows, ``par`` across cores, the init
+    split off above the reduction loop ``red`` and vectorised."""
+    r1, r2, vec = tile
     sch.vectorize(vec)
     sch.unroll(r2)
     sch.unroll(r1)
     _parallel(sch, par, cores)
-    init = sch.decompose_reduction(acc, f_o)
+    init = sch.decompose_reduction(block, red)
     sch.vectorize(sch.get_loops(init)[-1])
-
-
-def _extent(sch, loops) -> int:
-    n = 1
-    for loop in loops:
-        n *= int(sch.get(loop).extent)
-    return n
 
 
 def _split_k(sch, acc, cfg, outer, f, iw, tile, cores) -> None:
@@ -196,18 +188,10 @@ def _split_k(sch, acc, cfg, outer, f, iw, tile, cores) -> None:
 
     # accumulators in a local tile (registers once unrolled / vectorised)
     tile = sch.cache_write(gemm, 0, "local")
-    if cfg["mode"] != "ic":  # the vector axis innermost in the accumulator tile
-        pos = 1 + ("g", "oc").index(cfg["mode"])  # dims: part, g, oc, kh, kw, ic
-        sch.transform_layout(gemm, ("write", 0),
-                             lambda *i: (*i[:pos], *i[pos + 1:], i[pos]))
+    _vector_axis_last(sch, gemm, cfg, 1)  # dims: part, g, oc, kh, kw, ic
     sch.reverse_compute_at(tile, outer[-1], preserve_unit_loops=True)
     sch.vectorize(sch.get_loops(tile)[-1])
-    sch.vectorize(vec)
-    sch.unroll(r2)
-    sch.unroll(r1)
-    _parallel(sch, outer, cores)
-    init = sch.decompose_reduction(gemm, f)
-    sch.vectorize(sch.get_loops(init)[-1])
+    _micro_kernel(sch, gemm, (r1, r2, vec), outer, f, cores)
 
     # the sum of the partials into acc: partial loop innermost
     part, *spatial = sch.get_loops(acc)

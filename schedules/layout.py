@@ -8,37 +8,27 @@ in whole registers of the target, and the outer loops are fused into one paralle
 from __future__ import annotations
 
 import schedules
-from schedules.generic import parallel_outer
+from dsl.ops import tag
+from schedules.toolbox import parallel_outer, vectorize_innermost, written_dtype
 
-LAYOUT_TAGS = ("layout.to_5hd", "layout.from_5hd", "layout.to_fracz", "layout.from_fracz")
+RULE = "x86 layout copy"
 
 
 def schedule_copy(sch, block, target, dtype: str = "float32") -> None:
+    """Innermost loop split into whole registers (or vectorised whole up to four), up to
+    three outer loops fused and parallel."""
     loops = sch.get_loops(block)
     if len(loops) > 1:
-        inner = loops[-1]
-        n = int(sch.get(inner).extent)
-        lanes = target.lanes(dtype)
-        if n > lanes and n % lanes == 0:
-            inner = sch.split(inner, [None, lanes])[-1]
-            sch.vectorize(inner)
-        elif 1 < n <= 4 * lanes:
-            sch.vectorize(inner)
+        vectorize_innermost(sch, block, target.lanes(dtype), split_above=target.lanes(dtype))
     parallel_outer(sch, block, max_fuse=max(1, min(3, len(loops) - 1)))
 
 
-def _written_dtype(sch, block) -> str:
-    """dtype of the buffer a block writes (lanes per register depend on it)."""
-    try:
-        return str(sch.get(block).writes[0].source.dtype)
-    except (AttributeError, IndexError):
-        return "float32"
-
-
 def schedule_layout_x86(sch, workload) -> None:
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        schedule_copy(sch, block, workload.target, _written_dtype(sch, block))
+    for stage in tag.LAYOUT_TAGS:
+        for block in workload.find_all(sch, stage):
+            schedule_copy(sch, block, workload.target, written_dtype(sch, block))
+            workload.note(sch.get(block).name_hint, RULE, "copy: registers along C0 or W")
 
 
-for _tag in LAYOUT_TAGS:
+for _tag in tag.LAYOUT_TAGS:
     schedules.register(_tag, "x86")(schedule_layout_x86)

@@ -25,11 +25,38 @@ LAYOUT_TO_FRACZ = "layout.to_fracz"
 LAYOUT_FROM_FRACZ = "layout.from_fracz"
 LAYOUT_PREFIX = "layout."
 
+# Stages inside the operators (``stage(op, name)``); rules find their blocks by these.
+DX_DY_CAST = "conv2d_backprop_input.dy_cast"
+DX_DY_PAD = "conv2d_backprop_input.dy_pad"
+DX_WEIGHT = "conv2d_backprop_input.weight"
+DX_ACC = "conv2d_backprop_input.acc"  # one per stride phase
+DW_X_PAD = "conv2d_backprop_filter.x_pad"
+DW_DY_CAST = "conv2d_backprop_filter.dy_cast"
+DW_DY_GROUP = "conv2d_backprop_filter.dy_group"
+DW_ACC = "conv2d_backprop_filter.acc"
+CB_Y_PACK = "convolution_backward.y_pack"
+CB_X_PACK = "convolution_backward.x_pack"
+CB_W_ADJ = "convolution_backward.w_adj"
+CB_W_FWD = "convolution_backward.w_fwd"
+CB_DX_ACC = "convolution_backward.dx_acc"
+CB_FWD_ACC = "convolution_backward.fwd_acc"
+CB_DW_ACC = "convolution_backward.dw_acc"
+CB_DB_ACC = "convolution_backward.db_acc"
+CB_GRAD_INPUT = "convolution_backward.grad_input"  # the outputs carry stage tags
+CB_GRAD_WEIGHT = "convolution_backward.grad_weight"
+CB_GRAD_BIAS = "convolution_backward.grad_bias"
+POOL_SCALE = "avg_pool2d_backward.scale"
+POOL_ACC = "avg_pool2d_backward.acc"
+DECONV_DY_PAD = "deconv_grad_filter.dy_pad"
+DECONV_ACC = "deconv_grad_filter.acc"
+LAYOUT_TAGS = (LAYOUT_TO_5HD, LAYOUT_FROM_5HD, LAYOUT_TO_FRACZ, LAYOUT_FROM_FRACZ)
+
 # Generic patterns (vector DSL and user stages).
 ELEMWISE = "elemwise"
 BROADCAST = "broadcast"
 INJECTIVE = "injective"
 REDUCE = "reduce"
+PATTERNS = frozenset({ELEMWISE, BROADCAST, INJECTIVE, REDUCE})
 
 
 def stage(op: str, name: str) -> str:

@@ -47,6 +47,18 @@ def walk(outputs) -> tuple[list, list]:
     return placeholders, computes
 
 
+def block_names(computes) -> list[str]:
+    """The block name ``te.create_prim_func`` gives each compute (producers first): its
+    ``name``, and ``name_1``, ``name_2``, ... for later computes of the same name."""
+    used: dict[str, int] = {}
+    names = []
+    for op in computes:
+        k = used.get(op.name, 0)
+        used[op.name] = k + 1
+        names.append(op.name if k == 0 else f"{op.name}_{k}")
+    return names
+
+
 @dataclass
 class Schedule:
     """What ``auto_schedule`` returns and ``build`` consumes.
@@ -62,6 +74,8 @@ class Schedule:
     override: object = None  # a tuned trace (set by dsl.tune) replacing the rule
     # What build writes to the JSON "schedule" entry (source, trace, measured time...).
     schedule_meta: dict | None = None
+    # (block, rule, why) for each block the last :meth:`s_tir` scheduled (fusion included).
+    decisions: list | None = None
 
     def default_tensor_list(self) -> list:
         placeholders, _ = walk(self.outputs)
@@ -71,11 +85,16 @@ class Schedule:
         from schedules import Workload
 
         _, computes = walk(self.outputs)
-        blocks = {op.tag: op.name for op in computes if op.tag}
-        anchor = self.outputs[0].op
+        stages: dict[str, list[str]] = {}
+        for op, name in zip(computes, block_names(computes)):
+            if op.tag:
+                stages.setdefault(op.tag, []).append(name)
+        blocks = {tag: names[-1] for tag, names in stages.items()}
+        anchor = next((op for op in reversed(computes) if op.tag == self.anchor_tag),
+                      self.outputs[0].op)
         attrs = {str(k): (str(v) if not isinstance(v, (int, float)) else v)
                  for k, v in (anchor.attrs.items() if anchor.attrs else [])}
-        return Workload(self.anchor_tag, blocks, attrs, self.target)
+        return Workload(self.anchor_tag, blocks, attrs, self.target, stages=stages)
 
     def prim_func(self, tensor_list=None):
         from tvm import te
@@ -86,15 +105,21 @@ class Schedule:
         """The ``tvm.s_tir.Schedule`` of this kernel with its rule applied."""
         import tvm
 
-        from schedules import lookup
-
         sch = tvm.s_tir.Schedule(self.prim_func(tensor_list))
         if self.override is not None:
             self.override(sch)
         else:
-            _, rule = lookup(self.anchor_tag, self.target)
-            rule(sch, self.workload())
+            self.apply_rule(sch)
         return sch
+
+    def apply_rule(self, sch) -> None:
+        """Apply the registered rule to ``sch`` (the user's stages around the operator fused
+        into it, see :mod:`schedules.fusion`); records :attr:`decisions`."""
+        import schedules
+
+        workload = self.workload()
+        schedules.apply(sch, workload)
+        self.decisions = list(workload.decisions)
 
     def op_info(self) -> dict:
         """The anchor op's name, parameters and tensor formats (for the kernel's JSON)."""
@@ -119,15 +144,20 @@ TUNING_HOOKS = TuningHooks()
 def auto_schedule(res, target=None) -> Schedule:
     """Choose the schedule for ``res`` (a tensor or list of output tensors).
 
+    The rule is the one of the kernel's anchor stage (:func:`schedules.find_anchor`): a
+    shipped operator's stage wherever it stands, so a user's elementwise epilogue or prologue
+    around it is fused into the operator's schedule instead of dropping it to the generic one.
     ``target`` defaults to :func:`targets.current` (host unless inside ``targets.use(...)``).
     When the tuning database (:mod:`dsl.tuning.database`) holds an accepted record for this workload
     on this target, the schedule replays its trace instead of the registered rule.
     """
-    from schedules import lookup
+    from schedules import find_anchor, lookup
 
     outs = _as_list(res)
     tgt = target_get(target) if target is not None else targets.current()
-    tag = outs[0].op.tag
+    _, computes = walk(outs)
+    anchor = find_anchor(list(reversed(computes)), tgt)
+    tag = anchor.tag if anchor is not None else outs[0].op.tag
     name, _ = lookup(tag, tgt)
     sch = Schedule(outs, tgt, name, tag)
     if TUNING_HOOKS.apply is not None:

@@ -222,13 +222,8 @@ def hand_space(base, mod):
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from schedules import lookup
-
-    _, rule = lookup(base.anchor_tag, base.target)
-    workload = base.workload()
-
     def apply(sch):
-        rule(sch, workload)
+        base.apply_rule(sch)
         return sch
 
     try:

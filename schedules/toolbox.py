@@ -1,0 +1,293 @@
+"""The schedule toolbox: the loop, factor and stage helpers every rule in :mod:`schedules` uses.
+
+One home for what the rules share (as TVM dlight keeps ``base/utils.py`` and
+``common_schedules.py``): rules compose these and keep only their own tiling logic.
+
+Loops and blocks
+    :func:`extent`, :func:`extents`, :func:`spatial_count`, :func:`split_loops`,
+    :func:`root_blocks`, :func:`written_dtype`.
+
+Factors (how far to split a loop). Each has one documented policy; a rule picks by name:
+
+==========================  ===================================================================
+:func:`divisors`            every divisor of ``n``, ascending
+:func:`largest_divisor`     the largest divisor of ``n`` that is at most ``cap`` (no tail)
+:func:`tile_factor`         a tile <= ``limit``: the largest divisor when it is at least half
+                            the limit, else the limit itself (a guarded ragged tail is cheaper
+                            than a tile half the size)
+:func:`register_factor`     vector lanes in whole registers: the largest multiple of ``lanes``
+                            up to ``max_vectors`` registers that divides the extent, else the
+                            largest divisor up to one register
+:func:`exact_vector_factor` never a predicated tail (TVM's vectoriser scalarises it): the whole
+                            loop up to four registers, else a divisor in ``[lanes/2, lanes]``,
+                            else in ``(lanes, 4*lanes]``, else 1 (leave it to LLVM)
+:func:`fill_vector_factor`  the whole loop up to two registers, else the divisor up to two
+                            registers that wastes the fewest lanes (then the largest)
+==========================  ===================================================================
+
+Loop transforms
+    :func:`parallel` (fuse, then run across cores), :func:`parallel_outer` (the outer spatial
+    loops of a block), :func:`vectorize_inner` (an all-spatial block's innermost loop),
+    :func:`vectorize_split` (split a loop by a factor and vectorise the lanes),
+    :func:`vectorize_innermost` (split by whole registers or vectorise whole).
+
+Register tiles
+    :func:`register_tile`: the 5HD reduction tile dx and dw share (accumulators of a tile of
+    spatial positions x the C0 lanes kept in registers across the whole reduction).
+
+Elementwise stages (each rule's data-parallel stages: packs, pads, casts, outputs)
+    :func:`elementwise` (channel-last: whole registers, every outer loop fused) and
+    :func:`elementwise_c0` (5HD / FracZ: the 16-wide C0 axis in registers, parallel only when
+    the stage is large enough to pay for waking the pool).
+
+Register counts
+    :func:`vector_registers`, :func:`accumulator_registers`, :func:`c0_vectors`.
+
+Nothing here reads a target's name: only its numbers (lanes, vector bits, cores).
+"""
+
+from __future__ import annotations
+
+import math
+
+from dsl.ops.group import C0
+
+# Below this many elements a copy stage runs on one core: waking the pool costs more than it
+# saves, and on a shared machine every fork-join waits for the slowest core.
+PARALLEL_MIN_ELEMS = 1 << 15
+
+
+# ---------------------------------------------------------------------------- loops, blocks
+def extent(sch, loop) -> int:
+    """The constant extent of ``loop``."""
+    return int(sch.get(loop).extent)
+
+
+def extents(sch, loops) -> int:
+    """The product of the extents of ``loops`` (the iterations of their fused loop)."""
+    return math.prod(extent(sch, lp) for lp in loops)
+
+
+def spatial_count(sch, block) -> int:
+    """Number of spatial block iterators (TE puts them first, so the leading loops)."""
+    return sum(1 for iv in sch.get(block).iter_vars if int(iv.iter_type) == 0)
+
+
+def split_loops(sch, block) -> tuple[list, list]:
+    """(spatial loops, reduction loops) of a block whose loops are still in TE order."""
+    loops = sch.get_loops(block)
+    n_sp = spatial_count(sch, block)
+    return list(loops[:n_sp]), list(loops[n_sp:])
+
+
+def root_blocks(sch) -> list:
+    """The blocks directly under the kernel's root block, in program order."""
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def written_dtype(sch, block) -> str:
+    """dtype of the buffer a block writes (lanes per register depend on it)."""
+    try:
+        return str(sch.get(block).writes[0].source.dtype)
+    except (AttributeError, IndexError):
+        return "float32"
+
+
+# ---------------------------------------------------------------------------- factors
+def divisors(n: int) -> list[int]:
+    """Every divisor of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def largest_divisor(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is at most ``cap`` (>= 1): a split with no tail."""
+    for f in range(max(1, min(n, cap)), 0, -1):
+        if n % f == 0:
+            return f
+    return 1
+
+
+def tile_factor(extent: int, limit: int) -> int:
+    """A tile size <= ``limit`` for ``extent``: its largest divisor when that is at least half
+    of the limit (no ragged tail), else ``limit`` (the split then guards the tail)."""
+    limit = max(1, min(limit, extent))
+    div = largest_divisor(extent, limit)
+    return div if 2 * div >= limit else limit
+
+
+def register_factor(extent: int, lanes: int, max_vectors: int = 2) -> int:
+    """Vector lanes in whole registers: the largest ``lanes * v`` (``v <= max_vectors``) that
+    divides ``extent``, else its largest divisor up to one register."""
+    for f in (lanes * v for v in range(max_vectors, 0, -1)):
+        if extent % f == 0:
+            return f
+    return largest_divisor(extent, lanes)
+
+
+def exact_vector_factor(extent: int, lanes: int) -> int:
+    """Lanes for a loop of ``extent`` with no predicated tail (1: leave it to LLVM).
+
+    A split whose factor does not divide the extent leaves a predicate that TVM's vectoriser
+    scalarises (measured 5-7x slower), so only exact factors are used: the whole loop up to
+    four registers (LLVM splits odd widths into legal vectors), else a divisor in
+    ``[lanes/2, lanes]``, else one in ``(lanes, 4*lanes]``.
+    """
+    if extent <= 4 * lanes:
+        return extent
+    for lo, hi in ((max(1, lanes // 2), lanes), (lanes + 1, 4 * lanes)):
+        for v in range(hi, lo - 1, -1):
+            if extent % v == 0:
+                return v
+    return 1
+
+
+def fill_vector_factor(extent: int, lanes: int) -> int:
+    """Elements per vectorised step: the whole axis when it fits two vectors, else the
+    divisor of ``extent`` (no tail, no predicate) that wastes the fewest lanes."""
+    if extent <= 2 * lanes:
+        return extent
+    cands = [d for d in divisors(extent) if d <= 2 * lanes]
+    return max(cands, key=lambda d: (d / (-(-d // lanes) * lanes), d))
+
+
+# ---------------------------------------------------------------------------- registers
+def vector_registers(target) -> int:
+    """Architectural vector registers: AVX-512 has 32, SSE / AVX2 have 16."""
+    return 32 if target.vector_bits >= 512 else 16
+
+
+def accumulator_registers(target) -> int:
+    """Registers a register tile may hold as accumulators (the rest stream operands)."""
+    return vector_registers(target) * 3 // 4
+
+
+def c0_vectors(target, dtype: str = "float32") -> tuple[int, int]:
+    """(registers per 16-wide C0 row, lanes per register) for ``dtype``."""
+    lanes = min(C0, target.lanes(dtype))
+    return max(1, C0 // lanes), lanes
+
+
+# ---------------------------------------------------------------------------- loop transforms
+def parallel(sch, loops, cores: int):
+    """Fuse ``loops`` (outermost first) and run the result across cores when there is more
+    than one core and more than one iteration; returns the fused loop."""
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if cores > 1 and extent(sch, fused) > 1:
+        sch.parallel(fused)
+    return fused
+
+
+def parallel_outer(sch, block, max_fuse: int = 2, min_extent: int = 2) -> None:
+    """Fuse up to ``max_fuse`` outer spatial loops and run them across cores."""
+    loops = sch.get_loops(block)
+    n_sp = min(spatial_count(sch, block), max_fuse, len(loops))
+    if n_sp == 0:
+        return
+    fused = sch.fuse(*loops[:n_sp]) if n_sp > 1 else loops[0]
+    if extent(sch, fused) >= min_extent:
+        sch.parallel(fused)
+
+
+def vectorize_inner(sch, block, max_lanes: int = 64) -> None:
+    """Vectorise the innermost loop of an all-spatial block when it is short enough."""
+    loops = sch.get_loops(block)
+    if not loops or spatial_count(sch, block) != len(sch.get(block).iter_vars):
+        return
+    ext = sch.get(loops[-1]).extent
+    if hasattr(ext, "value") and 1 < int(ext.value) <= max_lanes and len(loops) > 1:
+        sch.vectorize(loops[-1])
+
+
+def vectorize_split(sch, loop, factor: int):
+    """Split ``loop`` by ``factor`` (when ``1 < factor < extent``) and vectorise the inner
+    part (the whole loop when not split; nothing when only 1 long); returns
+    ``(outer or None, inner)``."""
+    outer = None
+    if 1 < factor < extent(sch, loop):
+        outer, loop = sch.split(loop, [None, factor])
+    if extent(sch, loop) > 1:
+        sch.vectorize(loop)
+    return outer, loop
+
+
+def vectorize_innermost(sch, block, lanes: int, split_above: int) -> None:
+    """Vectorise a block's innermost loop of extent ``n``: split by ``lanes`` when ``n`` is a
+    multiple of them above ``split_above``, else whole when ``1 < n <= 4*lanes``."""
+    loop = sch.get_loops(block)[-1]
+    n = extent(sch, loop)
+    if n > split_above and n % lanes == 0:
+        sch.vectorize(sch.split(loop, [None, lanes])[-1])
+    elif 1 < n <= 4 * lanes:
+        sch.vectorize(loop)
+
+
+# ---------------------------------------------------------------------------- register tiles
+def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int, int],
+                  par: list[int], serial: list[int], red_inner: tuple = ()):
+    """Tile a reduction block whose last spatial loop is the 16-wide lane axis.
+
+    ``tiles`` maps spatial loop index -> inner tile size; the inner tiles and the lane axis go
+    below every reduction loop in ``red``, so their accumulators stay in registers across the
+    whole reduction. The outer parts of the spatial loops ``par`` are fused and run across
+    cores, those of ``serial`` stay serial (in that order) between them and the reduction.
+    Reduction loops also in ``red_inner`` go (unrolled) just above the tile, so loads that two
+    unrolled (tap, position) pairs share become one load.
+    """
+    outer = dict(enumerate(spatial[:-1]))
+    inner = []
+    for idx, size in tiles.items():
+        if size > 1 and extent(sch, spatial[idx]) > 1:
+            outer[idx], i = sch.split(spatial[idx], [None, size])
+            inner.append(i)
+    n_vec, lanes = c0_vectors(target)
+    lane_o, lane_i = sch.split(spatial[-1], [n_vec, lanes])
+    order_par = [outer[i] for i in par]
+    order_ser = [outer[i] for i in serial]
+    red_outer = [lp for lp in red if not any(lp is r for r in red_inner)]
+    sch.reorder(*order_par, *order_ser, *red_outer, *red_inner, *inner, lane_o, lane_i)
+    # parallel before decompose_reduction: the split init block would break compact dataflow
+    fused = sch.fuse(*order_par) if len(order_par) > 1 else order_par[0]
+    sch.parallel(fused)
+    anchor = order_ser[-1] if order_ser else fused
+    wb = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(wb, anchor, preserve_unit_loops=True)
+    for lp in [*red_inner, *inner]:
+        sch.unroll(lp)
+    sch.unroll(lane_o)
+    sch.vectorize(lane_i)
+    sch.decompose_reduction(block, red_outer[0] if red_outer else red[0])
+    last = sch.get_loops(wb)[-1]
+    if extent(sch, last) > lanes and extent(sch, last) % lanes == 0:
+        last = sch.split(last, [None, lanes])[-1]
+    sch.vectorize(last)
+    return wb, anchor
+
+
+# ---------------------------------------------------------------------------- elementwise
+def elementwise(sch, block, target) -> None:
+    """A channel-last data-parallel stage: the innermost axis split by whole registers
+    (:func:`register_factor`) and vectorised, every outer loop fused and parallel."""
+    loops = sch.get_loops(block)
+    lanes = target.lanes("float32")
+    outer = list(loops[:-1])
+    split, inner = vectorize_split(sch, loops[-1], register_factor(extent(sch, loops[-1]),
+                                                                   lanes))
+    if split is not None:
+        outer.append(split)
+    if outer:
+        parallel(sch, outer, target.cores)
+
+
+def elementwise_c0(sch, block, target, outer: int = 3) -> None:
+    """A 5HD / FracZ data-parallel stage: the 16-wide C0 axis split into registers and
+    vectorised (else a short innermost loop vectorised whole), up to ``outer`` outer loops
+    parallel when the stage has at least :data:`PARALLEL_MIN_ELEMS` elements."""
+    loops = sch.get_loops(block)
+    elems = extents(sch, loops)
+    if len(loops) >= 2 and extent(sch, loops[-1]) == C0:
+        _, lanes = c0_vectors(target)
+        sch.vectorize(sch.split(loops[-1], [None, lanes])[-1])
+    else:
+        vectorize_inner(sch, block)
+    if elems >= PARALLEL_MIN_ELEMS and target.cores > 1:
+        parallel_outer(sch, block, max_fuse=outer)

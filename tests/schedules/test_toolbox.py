@@ -1,0 +1,73 @@
+"""schedules.toolbox: each factor policy does what its docstring says, and every rule finds
+its stages by tag and records a decision for each block it schedules."""
+
+import pytest
+from tvm import te
+
+import dsl
+import targets
+from dsl.ops import tag
+from schedules import toolbox as tb
+
+from cases import CONV_CASES
+from helpers import out_hw, para
+
+SIZES = [1, 2, 3, 7, 8, 12, 16, 17, 20, 24, 31, 32, 48, 60, 64, 97, 128, 210]
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_divisor_policies(n):
+    assert tb.divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+    for cap in (1, 3, 8, 16, 1000):
+        d = tb.largest_divisor(n, cap)
+        assert n % d == 0 and d <= max(1, cap)
+        assert not any(n % e == 0 for e in range(d + 1, min(n, cap) + 1))
+        t = tb.tile_factor(n, cap)
+        assert 1 <= t <= max(1, min(n, cap))
+        assert n % t == 0 or t == min(n, cap)  # a ragged tail only at the full limit
+
+
+@pytest.mark.parametrize("lanes", [4, 8, 16])
+@pytest.mark.parametrize("n", SIZES)
+def test_vector_factor_policies(n, lanes):
+    r = tb.register_factor(n, lanes)
+    assert n % r == 0 and (r % lanes == 0 or r <= lanes)
+    e = tb.exact_vector_factor(n, lanes)
+    assert e == n if n <= 4 * lanes else (e == 1 or (n % e == 0 and lanes // 2 <= e))
+    f = tb.fill_vector_factor(n, lanes)
+    assert f == n if n <= 2 * lanes else (n % f == 0 and f <= 2 * lanes)
+
+
+def _dx(c):
+    ho, wo = out_hw(c)
+    w_sizes = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
+    fz = te.placeholder(dsl.layout.GroupLayout.from_weight(w_sizes, c["groups"]).fracz_shape,
+                        name="filters")
+    dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop")
+    return dsl.conv2d_backprop_input(fz, dy, w_sizes, (c["n"], c["cin"], c["h"], c["w"]),
+                                     para(c, res_dtype="float32"))
+
+
+def _dw(c):
+    ho, wo = out_hw(c)
+    x = te.placeholder((c["n"], -(-c["cin"] // 16), c["h"], c["w"], 16), name="fmap")
+    dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop")
+    return dsl.conv2d_backprop_filter(x, dy, (c["cout"], c["cin"] // c["groups"], c["kh"],
+                                              c["kw"]), para(c, groups=c["groups"]))
+
+
+@pytest.mark.parametrize("make", [_dx, _dw])
+@pytest.mark.parametrize("c", [CONV_CASES[2], CONV_CASES[4], CONV_CASES[8]])
+def test_rules_note_every_block_they_schedule(make, c):
+    s = dsl.auto_schedule(make(c), target=targets.get("x86-avx2"))
+    wl = s.workload()
+    rule = __import__("schedules").lookup(s.anchor_tag, s.target)[1]
+    import tvm
+
+    sch = tvm.s_tir.Schedule(s.prim_func())
+    rule(sch, wl)
+    noted = {stage for stage, _, _ in wl.decisions}
+    staged = {name for names in wl.stages.values() for name in names}
+    assert noted == staged  # every stage found by its tag and scheduled, none twice-named
+    acc = tag.DX_ACC if make is _dx else tag.DW_ACC
+    assert len(wl.stages[acc]) >= 1
