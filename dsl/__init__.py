@@ -39,6 +39,7 @@ from dsl.ops.convolution_backward import convolution_backward  # noqa: E402
 from dsl.ops.deconv_grad_filter import deconv_grad_filter  # noqa: E402
 from dsl.ops.group import calculate_group  # noqa: E402
 from dsl.runtime.build import build  # noqa: E402
+from dsl.runtime.explain import Explanation, explain  # noqa: E402
 from dsl.runtime.kernel import Kernel, load  # noqa: E402
 from dsl.runtime.schedule import Schedule, auto_schedule  # noqa: E402
 from dsl.tuning.tune import tune  # noqa: E402
@@ -46,7 +47,7 @@ from targets import use as target  # noqa: E402
 
 _aliases.install()
 
-__all__ = ["DslError", "Kernel", "Schedule", "__version__", "aclnn", "auto_schedule",
+__all__ = ["DslError", "Explanation", "Kernel", "Schedule", "__version__", "aclnn", "auto_schedule",
            "avg_pool2d_backward", "build", "calculate_group", "conv2d_backprop_filter",
            "conv2d_backprop_input", "convolution_backward", "deconv_grad_filter",
-           "deconvgradfilter", "layout", "load", "target", "tune"]
+           "deconvgradfilter", "explain", "layout", "load", "target", "tune"]
