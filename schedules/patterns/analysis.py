@@ -171,6 +171,13 @@ def _product_operands(value, out_name: str):
     return la[0], lb[0]
 
 
+def _elems(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
 def _classify_reduction(f: BlockFacts, body) -> None:
     ops = _product_operands(body.value, f.out_buffer)
     if ops is not None:
@@ -185,7 +192,9 @@ def _classify_reduction(f: BlockFacts, body) -> None:
                      "other lacks" + (" (a windowed index: a convolution)" if windowed else ""))
             return
     f.kind = "reduction"
-    inner = {v for acc in f.reads for v in (acc.index_vars[-1] if acc.index_vars else set())}
+    # the largest input decides (a matrix-vector product is led by the matrix)
+    big = max(f.reads, key=lambda acc: _elems(acc.shape), default=None)
+    inner = big.index_vars[-1] if big is not None and big.index_vars else set()
     where = "innermost" if inner & set(f.reduce) else "outer"
     f.why = f"reduction iterators {f.reduce} over the {where} axis of its input"
     f.extra_where = where  # type: ignore[attr-defined]

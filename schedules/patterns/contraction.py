@@ -47,19 +47,28 @@ def _coef(index, var: str) -> int | None:
 
 
 def roles(f):
-    """``(S, V, m, v)`` of a contraction (see the module docstring); raises if none fit."""
+    """``(S, V, m, v, transposed)`` of a contraction (see the module docstring); raises if
+    none fit. ``transposed``: ``V`` holds ``v`` as a bare index of an outer dimension (a
+    matmul's ``B[j, k]``), so it must be packed to load vectors along ``v``."""
     last = f.write_vars[-1] if f.write_vars else set()
     if len(last) != 1:
         raise ValueError("the output's innermost index is not a bare iterator")
     v = next(iter(last))
     a, b = f.operands
+
+    def m_of(s_op, v_op):
+        ms = [x for x in f.spatial if f.extents[x] > 1 and x in s_op.all_vars()
+              and x not in v_op.all_vars() and x != v]
+        return ms[-1] if ms else None
+
     for s_op, v_op in ((a, b), (b, a)):
         if v_op.index_vars and v in v_op.index_vars[-1] and _coef(v_op.indices[-1], v) == 1 \
-                and v not in s_op.all_vars():
-            ms = [x for x in f.spatial if f.extents[x] > 1 and x in s_op.all_vars()
-                  and x not in v_op.all_vars() and x != v]
-            if ms:
-                return s_op, v_op, ms[-1], v
+                and v not in s_op.all_vars() and m_of(s_op, v_op):
+            return s_op, v_op, m_of(s_op, v_op), v, False
+    for s_op, v_op in ((a, b), (b, a)):
+        if any(str(ix) == v for ix in v_op.indices) and v not in s_op.all_vars() \
+                and m_of(s_op, v_op):
+            return s_op, v_op, m_of(s_op, v_op), v, True
     raise ValueError("no operand is contiguous along the output's innermost axis")
 
 
@@ -102,8 +111,11 @@ def _pack_v(sch, blk, v_op, f, v: str, nr: int) -> None:
 
     idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == v_op.buffer)
     pack = sch.cache_read(blk, idx, "global")
+    # a ragged last tile reads zeros past the edge of the packed panel
+    ragged = f.extents[v] % nr != 0
     sch.transform_layout(blk, ("read", idx),
-                         IndexMap.from_func(fn, ndim=len(dims), index_dtype="int32"))
+                         IndexMap.from_func(fn, ndim=len(dims), index_dtype="int32"),
+                         pad_value=0.0 if ragged else None)
     return pack
 
 
@@ -119,13 +131,13 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     from schedules.patterns.injective import schedule_injective
 
     f = facts[name]
-    s_op, v_op, m, v = roles(f)
+    s_op, v_op, m, v, transposed = roles(f)
     m_ext, v_ext = f.extents[m], f.extents[v]
     mr, nv, lanes = micro_tile(target, m_ext, v_ext)
     nv_lanes = min(nv * lanes, v_ext)
     blk = sch.get_sblock(name)
     pack = None
-    if _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
+    if transposed or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
         pack = _pack_v(sch, blk, v_op, f, v, nv_lanes)
     loops = sch.get_loops(blk)
     iters = [*f.spatial, *f.reduce]
