@@ -67,14 +67,18 @@ def _apply_contraction(sch, names, facts, target):
                                      epilogue=names[1] if len(names) > 1 else None)
 
 
-def _row_reductions(facts, name):
-    """Reduction blocks an injective stage reads, closed over reductions reading them."""
+def _row_reductions(facts, name, outputs=()):
+    """Reduction blocks an injective stage reads, closed over reductions reading them (and
+    over the materialised injective stages between them, softmax's exp)."""
     by_buf = {f.out_buffer: n for n, f in facts.items()}
     group, todo = [], [name]
     while todo:
         for acc in facts[todo.pop()].reads:
             src = by_buf.get(acc.buffer)
-            if src and facts[src].kind == "reduction" and src not in group:
+            if src is None or src in group or src in outputs:
+                continue
+            if facts[src].kind == "reduction" or (facts[src].injective and any(
+                    facts[n].kind == "reduction" for n in group + [name])):
                 group.append(src)
                 todo.append(src)
     order = list(facts)
@@ -83,11 +87,13 @@ def _row_reductions(facts, name):
 
 def _match_row_group(facts, name, outputs):
     f = facts[name]
-    if not f.injective:
-        return None
-    reds = _row_reductions(facts, name)
+    if not f.injective or any(facts[u].reduce for u in consumers_of(facts, name)):
+        return None  # the group is matched at its last stage (softmax's divide, not its exp)
+    group = _row_reductions(facts, name, outputs)
+    reds = [r for r in group if facts[r].kind == "reduction"]
     if not reds or any(getattr(facts[r], "extra_where", "") != "innermost" for r in reds):
         return None
+    reds = group
     return [*reds, name], (f"reductions {reds} over the innermost axis feed {name} per row: "
                            "rows across cores, each reduction computed at its row "
                            "(rfactor-vectorised), the consumer fused in")

@@ -51,6 +51,14 @@ def _is_guarded(expr) -> bool:
                "if_then_else" in str(getattr(c.op, "name", "")) for c in _walk(expr, Call))
 
 
+def transcendental(expr) -> bool:
+    """True if ``expr`` calls a math function (exp, log, tanh...): worth computing once."""
+    from tvm.ir.expr import Call
+
+    return any("if_then_else" not in str(getattr(c.op, "name", "")) and
+               "reinterpret" not in str(getattr(c.op, "name", "")) for c in _walk(expr, Call))
+
+
 @dataclass
 class Access:
     """One buffer load: the buffer's name, shape and each index's variables."""
@@ -86,6 +94,7 @@ class BlockFacts:
     kind: str = "unknown"  # elementwise | broadcast | padding | layout | contraction | reduction
     why: str = ""
     operands: tuple = ()   # contraction: (Access, Access)
+    costly: bool = False   # calls a math function (exp, log, ...)
 
     @property
     def injective(self) -> bool:
@@ -118,6 +127,7 @@ def block_facts(sch, block) -> BlockFacts:
                      tuple(int(d) for d in store_buf.shape), str(store_buf.dtype),
                      [vars_of(ix) for ix in body.indices])
     out.reads = [_access(ld) for ld in loads_of(body.value) if ld.source.name != store_buf.name]
+    out.costly = transcendental(body.value)
     if any(e < 0 for e in ext.values()):
         out.kind, out.why = "opaque", "an iterator has a symbolic extent"
     elif not rd:

@@ -2,7 +2,9 @@
 
 Every non-output stage whose iterators are all spatial is inlined into its consumers (one
 pass over memory instead of one per stage), except a stage read by a contraction: there it
-would be recomputed once per register tile, so it is materialised once instead. What
+would be recomputed once per register tile, so it is materialised once instead, and a stage
+calling a math function (``exp``) that a reduction and another stage both read (softmax),
+which the row rule computes once per row. What
 remains (the outputs, and stages before a contraction) is vectorised along its innermost
 (contiguous) axis, trailing axes fused until a vector fills, and the outer axes run
 across cores.
@@ -24,6 +26,10 @@ def inline_stages(sch, facts: dict, outputs: set, workload) -> list[str]:
             continue
         users = consumers_of(facts, name)
         if any(facts[u].kind == "contraction" for u in users):
+            kept.append(name)
+            continue
+        if f.costly and len(users) > 1 and any(facts[u].reduce for u in users):
+            # softmax's exp: read by the sum and by the divide; computed once per row instead
             kept.append(name)
             continue
         try:

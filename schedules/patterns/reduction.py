@@ -80,7 +80,7 @@ def schedule_row_group(sch, out_name: str, red_names: list, facts: dict, target)
         raise ValueError("the reductions do not share leading row axes with the output")
     dtype = facts[out_name].out_dtype
     # rfactor first: TVM's rfactor wants the reduction alone under its loops (the root)
-    rfs = {r: rfactor_inner(sch, r, target) for r in red_names}
+    rfs = {r: rfactor_inner(sch, r, target) if facts[r].reduce else None for r in red_names}
     row = sch.fuse(*loops[:n_lead]) if n_lead > 1 else loops[0]
     vectorize_tail(sch, list(sch.get_loops(blk)[1:]), target, dtype)
     elems = product(facts[out_name].extents[v] for v in facts[out_name].spatial)
@@ -93,6 +93,10 @@ def schedule_row_group(sch, out_name: str, red_names: list, facts: dict, target)
     for r in red_names:
         if rfs[r] is not None:
             finish_rfactor(sch, rfs[r])
+        elif not facts[r].reduce:  # a materialised row stage (softmax's exp)
+            inner = sch.get_loops(sch.get_sblock(r))
+            vectorize_tail(sch, [lp for lp in inner[1:] if extent(sch, lp) > 1][-1:], target,
+                           facts[r].out_dtype)
 
 
 def schedule_inner_reduction(sch, name: str, facts: dict, target) -> None:
