@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from schedules.patterns import contraction, injective, reduction
+from schedules.patterns import contraction, fastmath, injective, reduction  # noqa: F401
 from schedules.patterns.analysis import all_facts, consumers_of, output_blocks
 from schedules.patterns.common import attempt
 
