@@ -72,12 +72,12 @@ def roles(f):
     raise ValueError("no operand is contiguous along the output's innermost axis")
 
 
-def micro_tile(target, m_ext: int, v_ext: int) -> tuple[int, int, int]:
+def micro_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False) -> tuple[int, int, int]:
     """``(mr, nv, lanes)``: the register tile (see the module docstring).
 
     A tile that leaves a ragged edge costs most: the edge's guard sits inside the reduction
     loop and LLVM then keeps the accumulators in memory, so tiles dividing both extents win
-    over slightly larger ones that do not."""
+    over slightly larger ones that do not, unless the domain can be padded (``pad_ok``)."""
     lanes = max(1, target.vector_bits // 32)  # fp16 math runs as fp32 on these targets
     regs = vector_registers(target)
     best, best_score = (1, 1), -1.0
@@ -88,40 +88,76 @@ def micro_tile(target, m_ext: int, v_ext: int) -> tuple[int, int, int]:
             score = mr * nv / (mr + nv) + 0.01 * mr * nv  # FMAs per load, then tile size
             if mr * nv < 8:  # fewer accumulators than FMA latency x ports: a stall per step
                 score *= 0.7
+            # padding costs copies (and measured no faster at 1024^3), a guard costs more
             if v_ext % (nv * lanes):
-                score *= 0.6
+                score *= 0.75 if pad_ok else 0.6
             if m_ext % mr:
-                score *= 0.6
+                score *= 0.75 if pad_ok else 0.6
             if score > best_score:
                 best, best_score = (mr, nv), score
     return best[0], best[1], lanes
 
 
-def _pack_v(sch, blk, v_op, f, v: str, nr: int) -> None:
-    """Copy ``V`` once into ``[other.., v // nr, reduction.., nr]``."""
+def _pack(sch, blk, op, f, var: str, width: int, copy: bool = True):
+    """Lay operand ``op`` out as ``[other.., var // width, reduction.., var % width]``: one
+    contiguous ``width``-wide row per reduction step. ``copy``: through a new packed copy
+    (``cache_read``); else the operand is already an intermediate buffer and is re-laid."""
     from tvm.tirx import IndexMap
 
-    dims = [next(iter(vs)) for vs in v_op.index_vars]
-    vd = dims.index(v)
+    dims = [next(iter(vs)) for vs in op.index_vars]
+    vd = dims.index(var)
     red = [d for d, x in enumerate(dims) if x in f.reduce]
     other = [d for d in range(len(dims)) if d != vd and d not in red]
 
     def fn(*ix):
-        return [*[ix[d] for d in other], ix[vd] // nr, *[ix[d] for d in red], ix[vd] % nr]
+        return [*[ix[d] for d in other], ix[vd] // width, *[ix[d] for d in red],
+                ix[vd] % width]
 
-    idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == v_op.buffer)
-    pack = sch.cache_read(blk, idx, "global")
+    idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == op.buffer)
+    pack = sch.cache_read(blk, idx, "global") if copy else None
     # a ragged last tile reads zeros past the edge of the packed panel
-    ragged = f.extents[v] % nr != 0
+    ragged = f.extents[var] % width != 0
     sch.transform_layout(blk, ("read", idx),
                          IndexMap.from_func(fn, ndim=len(dims), index_dtype="int32"),
                          pad_value=0.0 if ragged else None)
     return pack
 
 
+def _pure(op) -> bool:
+    return all(len(vs) == 1 and str(ix) in vs for ix, vs in zip(op.indices, op.index_vars))
+
+
+def _m_blocks(m_tiles: int, limit: int) -> int:
+    """Micro-tiles per L2 block: the largest <= ``limit`` wasting at most 1/32 of the tiles
+    to padding, else the one wasting least."""
+    waste = {b: -(-m_tiles // b) * b - m_tiles for b in range(1, max(1, limit) + 1)}
+    ok = [b for b, w in waste.items() if 32 * w <= m_tiles]
+    return max(ok) if ok else min(waste, key=lambda b: (waste[b], -b))
+
+
+def _pad_tiles(sch, name: str, f, pads: dict):
+    """Pad the block's iteration domain to whole tiles (``pad_einsum``: zero-padded input
+    copies, a cropping copy of the output), so no guard sits inside the reduction loop.
+    Returns ``(facts of the padded block, names of the copy blocks)``; unchanged when the
+    domain is already whole or TVM refuses (windowed operands)."""
+    from schedules.patterns.analysis import block_facts, root_blocks
+
+    padding = [pads.get(x, 1) for x in [*f.spatial, *f.reduce]]
+    if all(f.extents[x] % p == 0 for x, p in zip([*f.spatial, *f.reduce], padding)):
+        return f, []
+    trial = sch.copy()
+    try:
+        trial.pad_einsum(trial.get_sblock(name), padding)
+    except Exception:  # noqa: BLE001 - not an einsum TVM can pad: keep the guards
+        return f, []
+    before = {sch.get(b).name_hint for b in root_blocks(sch)}
+    sch.pad_einsum(sch.get_sblock(name), padding)
+    made = [sch.get(b).name_hint for b in root_blocks(sch)]
+    return block_facts(sch, sch.get_sblock(name)), [n for n in made if n not in before]
+
+
 def _should_pack(v_op, f, v: str, nr: int, m_ext: int, mr: int) -> bool:
-    pure = all(len(vs) == 1 and str(ix) in vs for ix, vs in zip(v_op.indices,
-                                                                 v_op.index_vars))
+    pure = _pure(v_op)
     strided = len(v_op.index_vars) >= 2 and bool(v_op.index_vars[-2] & set(f.reduce))
     return pure and strided and f.extents[v] % nr == 0 and m_ext > mr
 
@@ -132,20 +168,27 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
 
     f = facts[name]
     s_op, v_op, m, v, transposed = roles(f)
+    einsum = _pure(s_op) and _pure(v_op)
+    mr, nv, lanes = micro_tile(target, f.extents[m], f.extents[v], pad_ok=einsum)
+    nv_lanes = min(nv * lanes, f.extents[v])
+    k_elems = product(f.extents[x] for x in f.reduce)
+    limit = min(8, (target.l2_kib << 10) // PANEL_BYTES_FRACTION // (4 * k_elems * mr))
+    m1 = _m_blocks(-(-f.extents[m] // mr), limit)
+    f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: nv_lanes} if einsum else {})
+    s_op, v_op, m, v, transposed = roles(f)
     m_ext, v_ext = f.extents[m], f.extents[v]
-    mr, nv, lanes = micro_tile(target, m_ext, v_ext)
-    nv_lanes = min(nv * lanes, v_ext)
     blk = sch.get_sblock(name)
     pack = None
     if transposed or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
-        pack = _pack_v(sch, blk, v_op, f, v, nv_lanes)
+        pack = _pack(sch, blk, v_op, f, v, nv_lanes)
+    if copies and s_op.buffer.endswith("_pad") and m_ext % mr == 0 and s_op.index_vars[-1] & \
+            set(f.reduce):
+        # the zero-padded copy of S is made anyway: lay it out so the broadcasts of one
+        # reduction step are adjacent
+        _pack(sch, blk, s_op, f, m, mr, copy=False)
     loops = sch.get_loops(blk)
     iters = [*f.spatial, *f.reduce]
     by = dict(zip(iters, loops))
-    k_elems = product(f.extents[x] for x in f.reduce)
-    s_bytes = 4 * k_elems * mr
-    m1 = max(1, min(-(-m_ext // mr), (target.l2_kib << 10) // PANEL_BYTES_FRACTION // s_bytes,
-                    8))
     m0, m1l, mi = sch.split(by[m], [None, m1, mr])
     if nv_lanes >= v_ext:
         v0, vv, vl = None, None, by[v]
@@ -178,7 +221,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     if extent(sch, wl) > lanes and extent(sch, wl) % lanes == 0:
         wl = sch.split(wl, [None, lanes])[-1]
     sch.vectorize(wl)
-    if pack is not None:
-        schedule_injective(sch, sch.get(pack).name_hint, target)
+    for stage in [*copies, *([sch.get(pack).name_hint] if pack is not None else [])]:
+        schedule_injective(sch, stage, target)
     return {"mr": mr, "nv": nv, "lanes": lanes, "m1": m1, "packed": pack is not None,
             "m": m, "v": v}

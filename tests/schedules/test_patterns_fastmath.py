@@ -4,11 +4,10 @@ the vector loop; float16 through float32, float64 through libm."""
 
 import numpy as np
 import pytest
+from pattern_helpers import build_run
 from tvm import te
 
 import schedules.patterns.fastmath  # noqa: F401  (registers the lowering)
-
-from pattern_helpers import build_run
 
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 88.72, 88.73, 89.0, -87.5, -103.0,
                     -104.5, 1e-8, -1e-8, 0.5, -0.5], np.float32)
