@@ -28,7 +28,8 @@ GENERIC = "generic.last_resort"
 @dataclass(frozen=True)
 class PatternRule:
     """One rule: ``match(facts, name, outputs) -> (blocks, why) | None``, then
-    ``apply(sch, blocks, facts, target)``; ``when(target)`` gates it per target."""
+    ``apply(sch, blocks, facts, target)`` (it may return a detail for the note);
+    ``when(target)`` gates it per target."""
 
     name: str
     match: object
@@ -63,7 +64,7 @@ def _match_contraction(facts, name, outputs):
 
 
 def _apply_contraction(sch, names, facts, target):
-    contraction.schedule_contraction(sch, names[0], facts, target,
+    return contraction.schedule_contraction(sch, names[0], facts, target,
                                      epilogue=names[1] if len(names) > 1 else None)
 
 
@@ -161,10 +162,11 @@ def schedule_patterns(sch, workload, last_resort) -> None:
             if claim is None or any(n in done for n in claim[0]):
                 continue
             names, why = claim
-            if attempt(sch, rule.apply, names, facts, target):
+            ok, detail = attempt(sch, rule.apply, names, facts, target)
+            if ok:
                 done.update(names)
                 for n in names:
-                    workload.note(n, rule.name, why)
+                    workload.note(n, rule.name, f"{why}; {detail}" if detail else why)
     for name, f in facts.items():
         if name in done:
             continue

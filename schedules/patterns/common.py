@@ -21,20 +21,20 @@ def block(sch, name: str):
     return sch.get_sblock(name)
 
 
-def attempt(sch, fn, *args) -> bool:
+def attempt(sch, fn, *args) -> tuple[bool, object]:
     """Apply ``fn(sch, *args)`` only if it succeeds on a copy first.
 
     Schedule primitives check before they mutate, but a rule is several primitives: trying
     the whole rule on a copy keeps ``sch`` untouched when any step is refused, so the next
-    rule (finally the generic one) starts from a clean schedule.
+    rule (finally the generic one) starts from a clean schedule. Returns ``(applied, what
+    fn returned)``.
     """
     trial = sch.copy()
     try:
         fn(trial, *args)
     except Exception:  # noqa: BLE001 - any refusal means "this rule does not apply"
-        return False
-    fn(sch, *args)
-    return True
+        return False, None
+    return True, fn(sch, *args)
 
 
 def vector_width(target, dtype: str, inner: int) -> int:

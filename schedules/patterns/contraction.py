@@ -176,7 +176,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     m1 = _m_blocks(-(-f.extents[m] // mr), limit)
     f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: nv_lanes} if einsum else {})
     s_op, v_op, m, v, transposed = roles(f)
-    m_ext, v_ext = f.extents[m], f.extents[v]
+    m_ext = f.extents[m]
     blk = sch.get_sblock(name)
     pack = None
     if transposed or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
@@ -186,6 +186,20 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         # the zero-padded copy of S is made anyway: lay it out so the broadcasts of one
         # reduction step are adjacent
         _pack(sch, blk, s_op, f, m, mr, copy=False)
+    _micro_kernel(sch, blk, f, (m, mr, m1), (v, nv, lanes), target, epilogue)
+    for stage in [*copies, *([sch.get(pack).name_hint] if pack is not None else [])]:
+        schedule_injective(sch, stage, target)
+    return (f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) over "
+            f"{m} x {v}, {m1} tiles per L2 block" + (", V packed" if pack is not None else "")
+            + (", domain padded to whole tiles" if copies else ""))
+
+
+def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue) -> None:
+    """Loops ``[outer.., m0, v0, m1, reduction.., mr, nv, lanes]``; the tile in registers."""
+    m, mr, m1 = m_tile
+    v, nv, lanes = v_tile
+    v_ext = f.extents[v]
+    nv_lanes = min(nv * lanes, v_ext)
     loops = sch.get_loops(blk)
     iters = [*f.spatial, *f.reduce]
     by = dict(zip(iters, loops))
@@ -221,7 +235,3 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     if extent(sch, wl) > lanes and extent(sch, wl) % lanes == 0:
         wl = sch.split(wl, [None, lanes])[-1]
     sch.vectorize(wl)
-    for stage in [*copies, *([sch.get(pack).name_hint] if pack is not None else [])]:
-        schedule_injective(sch, stage, target)
-    return {"mr": mr, "nv": nv, "lanes": lanes, "m1": m1, "packed": pack is not None,
-            "m": m, "v": v}
