@@ -2,6 +2,8 @@
 forward with its padding stage, with and without a fused epilogue; odd/prime sizes, fp32 and
 fp16, 2-D to 5-D, against numpy float64, and the rule each stage took."""
 
+import re
+
 import numpy as np
 import pytest
 from pattern_helpers import build_run, check, rand
@@ -142,3 +144,23 @@ def test_matmul_every_target(name):
     (out,), why = build_run([c], [a, b], [an, bn], target=tgt)
     check(out, an.astype(np.float64) @ bn.astype(np.float64), "float32", name)
     assert why.rule_of("c") == "patterns.contraction"
+
+
+def test_matmul_avx512_code_uses_full_width_fma():
+    """Compiled (not run) for AVX-512: the rule sizes its tile from 32 registers of 16 lanes,
+    and the inner loop issues zmm FMAs."""
+    import tvm
+
+    import dsl
+
+    tgt = targets.get("x86-avx512")
+    a, b, c = _matmul(64, 64, 32, "float32")
+    sch = dsl.auto_schedule([c], target=tgt)
+    why = dsl.explain(sch, [a, b, c])
+    assert why.rule_of("c") == "patterns.contraction"
+    assert "vectors of 16" in dict((s, w) for s, _, w in why.stages)["c"]
+    lib = tvm.compile(sch.s_tir([a, b, c]).mod, target=tgt.tvm_target())
+    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
+    asm = mod.inspect_source("asm")
+    fmas = re.findall(r"vfmadd\d+ps\s+[^\n]*", asm)
+    assert fmas and all("%zmm" in line for line in fmas), fmas[:4]
