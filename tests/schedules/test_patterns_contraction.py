@@ -73,7 +73,7 @@ def test_matmul_bias_relu_epilogue_fused(dtype):
     assert why.rule_of("y") == "patterns.contraction+epilogue"
 
 
-def _conv2d(n, ci, co, h, w, kh, kw, pad, dtype):
+def _conv2d(n, ci, co, h, w, kh, kw, pad, dtype, stride=1):
     x = te.placeholder((n, ci, h, w), name="x", dtype=dtype)
     wt = te.placeholder((co, ci, kh, kw), name="w", dtype=dtype)
     hp, wp = h + 2 * pad, w + 2 * pad
@@ -83,21 +83,23 @@ def _conv2d(n, ci, co, h, w, kh, kw, pad, dtype):
     rc = te.reduce_axis((0, ci), name="rc")
     ry = te.reduce_axis((0, kh), name="ry")
     rx = te.reduce_axis((0, kw), name="rx")
-    ho, wo = hp - kh + 1, wp - kw + 1
+    ho, wo = (hp - kh) // stride + 1, (wp - kw) // stride + 1
     y = te.compute((n, co, ho, wo), lambda b, o, i, j: te.sum(
-        xp[b, rc, i + ry, j + rx] * wt[o, rc, ry, rx], axis=[rc, ry, rx]), name="conv")
+        xp[b, rc, i * stride + ry, j * stride + rx] * wt[o, rc, ry, rx], axis=[rc, ry, rx]),
+        name="conv")
     return x, wt, y
 
 
-def _ref_conv(xn, wn, pad):
+def _ref_conv(xn, wn, pad, stride=1):
     x = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     w = wn.astype(np.float64)
     co, _, kh, kw = w.shape
-    ho, wo = x.shape[2] - kh + 1, x.shape[3] - kw + 1
+    ho, wo = (x.shape[2] - kh) // stride + 1, (x.shape[3] - kw) // stride + 1
     out = np.zeros((x.shape[0], co, ho, wo))
     for i in range(kh):
         for j in range(kw):
-            out += np.einsum("nchw,oc->nohw", x[:, :, i:i + ho, j:j + wo], w[:, :, i, j])
+            win = x[:, :, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride]
+            out += np.einsum("nchw,oc->nohw", win, w[:, :, i, j])
     return out
 
 
@@ -114,6 +116,20 @@ def test_user_conv2d_forward(geo, dtype):
     assert why.rule_of("conv") == "patterns.contraction", str(why)
     if pad:
         assert why.rule_of("xpad") == "patterns.injective"  # materialised once, not inlined
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_user_conv2d_stride2(dtype):
+    """A strided window is not contiguous along the output's width: no micro-kernel, a
+    reduction rule takes it, and it stays correct."""
+    n, ci, co, h, w, k, pad = 2, 3, 5, 9, 11, 3, 1
+    rng = np.random.default_rng(23)
+    x, wt, y = _conv2d(n, ci, co, h, w, k, k, pad, dtype, stride=2)
+    xn, wn = rand((n, ci, h, w), dtype, rng), rand((co, ci, k, k), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    check(out, _ref_conv(xn, wn, pad, stride=2), dtype, "conv2d s2")
+    assert why.rule_of("conv").startswith("patterns."), str(why)
+    assert why.fell_to_generic() == []
 
 
 def test_conv2d_relu_epilogue_5d_bias():
