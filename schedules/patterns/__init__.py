@@ -111,7 +111,7 @@ def _match_reduction(where):
             return None
         if f.kind == "reduction" and getattr(f, "extra_where", "") != where:
             return None
-        how = ("rows across cores, the reduction rfactor-vectorised" if where == "innermost"
+        how = ("rows across cores" if where == "innermost"
                else "a vector tile of the contiguous output axis accumulated in registers")
         return [name], f"{f.why}: {how}"
     return match
