@@ -105,3 +105,30 @@ def test_outer_max_alone_with_consumer(shape, dtype):
     check(out, xn.astype(np.float64).max(0) * 2, dtype, "max0")
     assert why.rule_of("r") == "patterns.outer_reduction", str(why)
     assert why.rule_of("y") == "patterns.injective"
+
+
+def test_reduction_that_is_also_an_output():
+    """Two outputs: the row sums and the centred rows; each scheduled, both exact."""
+    shape = (9, 67)
+    x = te.placeholder(shape, name="x")
+    k = te.reduce_axis((0, shape[1]), name="k")
+    s = te.compute(shape[:1], lambda i: te.sum(x[i, k], axis=k), name="s")
+    y = te.compute(shape, lambda i, j: x[i, j] - s[i] / shape[1], name="y")
+    xn = rand(shape, "float32", np.random.default_rng(8))
+    (oy, osum), why = build_run([y, s], [x], [xn])
+    x64 = xn.astype(np.float64)
+    check(oy, x64 - x64.mean(1, keepdims=True), "float32", "centred")
+    check(osum, x64.sum(1), "float32", "sums")
+    assert why.rule_of("s") == "patterns.inner_reduction"
+    assert why.rule_of("y") == "patterns.injective"
+
+
+@pytest.mark.parametrize("n", [1031, 4096])
+def test_global_sum(n):
+    z = te.placeholder((n,), name="z")
+    k = te.reduce_axis((0, n), name="k")
+    t = te.compute((1,), lambda i: te.sum(z[k], axis=k), name="t")
+    zn = rand((n,), "float32", np.random.default_rng(n))
+    (out,), why = build_run([t], [z], [zn])
+    check(out, np.array([zn.astype(np.float64).sum()]), "float32", "sum")
+    assert why.rule_of("t") == "patterns.inner_reduction"
