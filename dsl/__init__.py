@@ -43,6 +43,7 @@ from dsl.ops.group import calculate_group  # noqa: E402
 from dsl.ops.vector import *  # noqa: E402, F403 - TBE's vector DSL: dsl.vadd, dsl.reduce_sum ...
 from dsl.ops.vector import __all__ as _vector_names  # noqa: E402
 from dsl.runtime.build import build  # noqa: E402
+from dsl.runtime.explain import Explanation, explain  # noqa: E402
 from dsl.runtime.kernel import Kernel, load  # noqa: E402
 from dsl.runtime.schedule import Schedule, auto_schedule  # noqa: E402
 from dsl.runtime.target import use as target  # noqa: E402
@@ -50,7 +51,7 @@ from dsl.tuning.tune import tune  # noqa: E402
 
 _aliases.install()
 
-__all__ = ["DslError", "Kernel", "Schedule", "__version__", "aclnn", "auto_schedule",
+__all__ = ["DslError", "Explanation", "Kernel", "Schedule", "__version__", "aclnn", "auto_schedule",
            "avg_pool2d_backward", "build", "calculate_group", "conv2d_backprop_filter",
            "conv2d_backprop_input", "convolution_backward", "deconv_grad_filter",
-           "deconvgradfilter", "layout", "load", "target", "tune", *_vector_names]
+           "deconvgradfilter", "explain", "layout", "load", "target", "tune", *_vector_names]

@@ -1,7 +1,9 @@
-"""The always-correct fallback schedule: parallel outer loops, vectorised elementwise stages.
+"""The fallback for graphs no operator rule claims: pattern rules, then the last resort.
 
-It changes no computation order inside a reduction, so it is valid for any compute; it exists
-so every operator builds on every target before a tuned rule is written.
+:func:`schedule_generic` schedules each stage by what it is (elementwise, broadcast,
+reduction, contraction; :mod:`schedules.patterns`). A stage no pattern rule takes gets
+:func:`schedule_block_generic` (parallel outer loops, vectorised elementwise stages): it
+changes no computation order inside a reduction, so it is valid for any compute.
 """
 
 from __future__ import annotations
@@ -10,7 +12,14 @@ from __future__ import annotations
 from schedules.toolbox import parallel_outer, spatial_count, vectorize_inner  # noqa: F401
 
 
+def schedule_block_generic(sch, block) -> None:
+    """The always-correct last resort for one block."""
+    vectorize_inner(sch, block)
+    parallel_outer(sch, block)
+
+
 def schedule_generic(sch, workload) -> None:
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        vectorize_inner(sch, block)
-        parallel_outer(sch, block)
+    """Pattern rules for every block; the last resort for the blocks none takes."""
+    from schedules.patterns import schedule_patterns
+
+    schedule_patterns(sch, workload, schedule_block_generic)

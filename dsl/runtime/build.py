@@ -227,8 +227,9 @@ def build(sch: Schedule, config: dict) -> dict | object:
     config : dict
         ``name`` (``^[A-Za-z_][A-Za-z0-9_]*$``, <= 200 chars; the file stem and the exported
         function's name), ``tensor_list`` (inputs then outputs, the call order),
-        ``kernel_meta_parent_dir`` (default: the working directory), ``print_ir`` (print the
-        scheduled TIR), ``need_build`` (False: schedule and lower only, write nothing).
+        ``kernel_meta_parent_dir`` (default: the working directory), ``print_ir`` (print which rule
+        scheduled each stage and why, :func:`dsl.explain`, then the scheduled TIR),
+        ``need_build`` (False: schedule and lower only, write nothing).
 
     Returns
     -------
@@ -248,6 +249,9 @@ def build(sch: Schedule, config: dict) -> dict | object:
         sch = _reject_tuned(sch, name, f"its trace does not apply: {exc}")
         mod = lower(sch, name, tensors)
     if print_ir:
+        from dsl.runtime.explain import explain
+
+        print(explain(sch, tensors))
         print(mod.script())
     if not need_build:
         return mod

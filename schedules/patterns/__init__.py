@@ -1,0 +1,180 @@
+"""Pattern rules: schedule any TE graph by what each stage *is* (dlight-style).
+
+``schedule_patterns`` is what :func:`schedules.generic.schedule_generic` runs for a graph no
+operator rule claims. It classifies every block from its TIR structure
+(:mod:`schedules.patterns.analysis`; tags are not needed, users write plain ``te.compute``),
+inlines injective stages into their consumers (:func:`~schedules.patterns.injective.
+inline_stages`), then offers each remaining block to the rules of :data:`RULES` in order;
+the first rule that matches it *and* applies cleanly (tried on a copy of the schedule first)
+schedules it. A block no rule takes gets the old generic treatment (vectorise the innermost
+loop, parallel outer loops), which is always correct, and a warning, once per pattern.
+
+Every decision is recorded with ``workload.note(stage, rule, why)``; ``dsl.explain`` prints
+them.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from schedules.patterns import contraction, fastmath, injective, reduction  # noqa: F401
+from schedules.patterns.analysis import all_facts, consumers_of, output_blocks
+from schedules.patterns.common import attempt
+
+GENERIC = "generic.last_resort"
+
+
+@dataclass(frozen=True)
+class PatternRule:
+    """One rule: ``match(facts, name, outputs) -> (blocks, why) | None``, then
+    ``apply(sch, blocks, facts, target)`` (it may return a detail for the note);
+    ``when(target)`` gates it per target."""
+
+    name: str
+    match: object
+    apply: object
+    when: object = staticmethod(lambda target: target.vector_bits >= 128)
+
+
+def _epilogue(facts, name, outputs):
+    users = consumers_of(facts, name)
+    if name in outputs or len(users) != 1:
+        return None
+    u = facts[users[0]]
+    if u.kind not in ("elementwise", "broadcast"):
+        return None
+    return users[0]
+
+
+def _match_contraction_epilogue(facts, name, outputs):
+    f = facts[name]
+    if f.kind != "contraction":
+        return None
+    epi = _epilogue(facts, name, outputs)
+    if epi is None:
+        return None
+    return [name, epi], (f"{f.why}; the {facts[epi].kind} consumer {epi} is fused into the "
+                         "register tile's write-back")
+
+
+def _match_contraction(facts, name, outputs):
+    f = facts[name]
+    return ([name], f.why) if f.kind == "contraction" else None
+
+
+def _apply_contraction(sch, names, facts, target):
+    return contraction.schedule_contraction(sch, names[0], facts, target,
+                                     epilogue=names[1] if len(names) > 1 else None)
+
+
+def _row_reductions(facts, name, outputs=()):
+    """Reduction blocks an injective stage reads, closed over reductions reading them (and
+    over the materialised injective stages between them, softmax's exp)."""
+    by_buf = {f.out_buffer: n for n, f in facts.items()}
+    group, todo = [], [name]
+    while todo:
+        for acc in facts[todo.pop()].reads:
+            src = by_buf.get(acc.buffer)
+            if src is None or src in group or src in outputs:
+                continue
+            if facts[src].kind == "reduction" or (facts[src].injective and any(
+                    facts[n].kind == "reduction" for n in group + [name])):
+                group.append(src)
+                todo.append(src)
+    order = list(facts)
+    return sorted(group, key=order.index)
+
+
+def _match_row_group(facts, name, outputs):
+    f = facts[name]
+    if not f.injective or any(facts[u].reduce for u in consumers_of(facts, name)):
+        return None  # the group is matched at its last stage (softmax's divide, not its exp)
+    group = _row_reductions(facts, name, outputs)
+    reds = [r for r in group if facts[r].kind == "reduction"]
+    if not reds or any(getattr(facts[r], "extra_where", "") != "innermost" for r in reds):
+        return None
+    reds = group
+    return [*reds, name], (f"reductions {reds} over the innermost axis feed {name} per row: "
+                           "rows across cores, each reduction computed at its row "
+                           "(rfactor-vectorised), the consumer fused in")
+
+
+def _apply_row_group(sch, names, facts, target):
+    reduction.schedule_row_group(sch, names[-1], names[:-1], facts, target)
+
+
+def _match_reduction(where):
+    def match(facts, name, outputs):
+        f = facts[name]
+        if f.kind not in ("reduction", "contraction"):
+            return None
+        if f.kind == "reduction" and getattr(f, "extra_where", "") != where:
+            return None
+        how = ("rows across cores" if where == "innermost"
+               else "a vector tile of the contiguous output axis accumulated in registers")
+        return [name], f"{f.why}: {how}"
+    return match
+
+
+def _match_injective(facts, name, outputs):
+    f = facts[name]
+    if not f.injective:
+        return None
+    kept = "" if name in outputs else " (materialised: a contraction reads it)"
+    return [name], f"{f.kind}: {f.why}{kept}; vectorised along the contiguous axis"
+
+
+RULES = (
+    PatternRule("patterns.contraction+epilogue", _match_contraction_epilogue,
+                _apply_contraction),
+    PatternRule("patterns.contraction", _match_contraction, _apply_contraction),
+    PatternRule("patterns.row_reduction", _match_row_group, _apply_row_group),
+    PatternRule("patterns.inner_reduction", _match_reduction("innermost"),
+                lambda sch, n, facts, t: reduction.schedule_inner_reduction(sch, n[0], facts,
+                                                                            t)),
+    PatternRule("patterns.outer_reduction", _match_reduction("outer"),
+                lambda sch, n, facts, t: reduction.schedule_outer_reduction(sch, n[0], facts,
+                                                                            t)),
+    PatternRule("patterns.injective", _match_injective,
+                lambda sch, n, facts, t: injective.schedule_injective(sch, n[0], t)),
+)
+
+_WARNED: set = set()
+
+
+def schedule_patterns(sch, workload, last_resort) -> None:
+    """Schedule every block of ``sch`` by pattern; ``last_resort(sch, block)`` takes the rest.
+    """
+    target = workload.target
+    facts = all_facts(sch)
+    outputs = output_blocks(sch)
+    injective.inline_stages(sch, facts, outputs, workload)
+    facts = all_facts(sch)
+    done: set[str] = set()
+    for rule in RULES:
+        if not rule.when(target):
+            continue
+        for name in list(facts):
+            if name in done:
+                continue
+            claim = rule.match(facts, name, outputs)
+            if claim is None or any(n in done for n in claim[0]):
+                continue
+            names, why = claim
+            ok, detail = attempt(sch, rule.apply, names, facts, target)
+            if ok:
+                done.update(names)
+                for n in names:
+                    workload.note(n, rule.name, f"{why}; {detail}" if detail else why)
+    for name, f in facts.items():
+        if name in done:
+            continue
+        last_resort(sch, sch.get_sblock(name))
+        why = f"not recognised as any pattern rule's stage ({f.kind}: {f.why})"
+        workload.note(name, GENERIC, why)
+        key = (f.kind, f.why)
+        if key not in _WARNED:
+            _WARNED.add(key)
+            warnings.warn(f"stage '{name}' fell to the generic schedule: {why}; expect it "
+                          "to run far below the machine's speed", stacklevel=3)

@@ -1,0 +1,229 @@
+"""What a TIR block *is*, read from its structure (iterator kinds, buffer accesses).
+
+Users write plain ``te.compute`` without tags, so the pattern rules classify each block of
+the scheduled ``PrimFunc`` from the block itself:
+
+* ``injective``: every iterator spatial. ``elementwise`` when every read indexes its buffer
+  with the block's iterators in order (a broadcast read uses a subset of them, in order);
+  ``padding`` when the value is guarded (``if_then_else`` / ``Select``) around a load;
+  ``layout`` for any other index arithmetic (transposes, reshapes, windows).
+* ``contraction``: a sum of a product of two loads, each missing a spatial iterator the
+  other has (so every loaded value is reused across a tile): matmul, batched matmul,
+  convolutions (a windowed index such as ``h * s + r`` on one operand).
+* ``reduction``: any other block with reduction iterators (sums, max, sum of squares).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm_ffi
+
+SPATIAL, REDUCE = 0, 2
+
+
+def _walk(expr, kind) -> list:
+    out = []
+    tvm_ffi.structural_walk(expr, (kind, out.append), order="post")
+    return out
+
+
+def loads_of(expr) -> list:
+    """Every buffer load in ``expr`` (post order)."""
+    from tvm.ir.expr import TensorLoad
+
+    return _walk(expr, TensorLoad)
+
+
+def vars_of(expr) -> set[str]:
+    from tvm.ir.prim.expr import Var
+
+    return {v.name for v in _walk(expr, Var)}
+
+
+def _is_guarded(expr) -> bool:
+    from tvm.ir.expr import Call
+    from tvm.ir.prim.expr import Select
+
+    if _walk(expr, Select):
+        return True
+    return any(getattr(c.op, "name", "") == "tirx.if_then_else" or
+               "if_then_else" in str(getattr(c.op, "name", "")) for c in _walk(expr, Call))
+
+
+def transcendental(expr) -> bool:
+    """True if ``expr`` calls a math function (exp, log, tanh...): worth computing once."""
+    from tvm.ir.expr import Call
+
+    return any("if_then_else" not in str(getattr(c.op, "name", "")) and
+               "reinterpret" not in str(getattr(c.op, "name", "")) for c in _walk(expr, Call))
+
+
+@dataclass
+class Access:
+    """One buffer load: the buffer's name, shape and each index's variables."""
+
+    buffer: str
+    shape: tuple
+    dtype: str
+    indices: list          # PrimExpr per dimension
+    index_vars: list       # set of iterator names per dimension
+
+    def pure(self) -> bool:
+        """Every index is a bare iterator."""
+        return all(len(vs) == 1 and str(ix) in vs for ix, vs in zip(self.indices,
+                                                                     self.index_vars))
+
+    def all_vars(self) -> set[str]:
+        return set().union(*self.index_vars) if self.index_vars else set()
+
+
+@dataclass
+class BlockFacts:
+    """Structure of one block child of the root."""
+
+    name: str
+    spatial: list          # iterator names, spatial, in order
+    reduce: list           # iterator names, reduction, in order
+    extents: dict          # iterator name -> int extent
+    out_buffer: str
+    out_shape: tuple
+    out_dtype: str
+    write_vars: list       # iterator names indexing the output, per dimension
+    reads: list = field(default_factory=list)   # Access per load (self-reads excluded)
+    kind: str = "unknown"  # elementwise | broadcast | padding | layout | contraction | reduction
+    why: str = ""
+    operands: tuple = ()   # contraction: (Access, Access)
+    costly: bool = False   # calls a math function (exp, log, ...)
+
+    @property
+    def injective(self) -> bool:
+        return self.kind in ("elementwise", "broadcast", "padding", "layout")
+
+
+def _access(load) -> Access:
+    buf = load.source
+    return Access(buf.name, tuple(int(d) for d in buf.shape), str(buf.dtype), list(load.indices),
+                  [vars_of(ix) for ix in load.indices])
+
+
+def block_facts(sch, block) -> BlockFacts:
+    """Classify one block (see the module docstring)."""
+    stmt = sch.get(block)
+    sp = [iv.var.name for iv in stmt.iter_vars if int(iv.iter_type) == SPATIAL]
+    rd = [iv.var.name for iv in stmt.iter_vars if int(iv.iter_type) == REDUCE]
+    ext = {}
+    for iv in stmt.iter_vars:
+        e = iv.dom.extent
+        ext[iv.var.name] = int(e) if hasattr(e, "value") else -1
+    body = stmt.body
+    store_buf = getattr(body, "buffer", None)
+    if store_buf is None:
+        store_buf = getattr(body, "source", None)
+    if store_buf is None or not hasattr(body, "value") or not hasattr(body, "indices"):
+        return BlockFacts(stmt.name_hint, sp, rd, ext, "", (), "", [], kind="opaque",
+                          why="its body is not a single buffer store")
+    out = BlockFacts(stmt.name_hint, sp, rd, ext, store_buf.name,
+                     tuple(int(d) for d in store_buf.shape), str(store_buf.dtype),
+                     [vars_of(ix) for ix in body.indices])
+    out.reads = [_access(ld) for ld in loads_of(body.value) if ld.source.name != store_buf.name]
+    out.costly = transcendental(body.value)
+    if any(e < 0 for e in ext.values()):
+        out.kind, out.why = "opaque", "an iterator has a symbolic extent"
+    elif not rd:
+        _classify_injective(out, body)
+    else:
+        _classify_reduction(out, body)
+    return out
+
+
+def _classify_injective(f: BlockFacts, body) -> None:
+    pure_out = all(len(vs) == 1 for vs in f.write_vars) and \
+        [next(iter(vs)) for vs in f.write_vars] == f.spatial
+    if _is_guarded(body.value):
+        f.kind, f.why = "padding", "a guarded (if_then_else / select) load: a padding stage"
+        return
+    if not pure_out:
+        f.kind, f.why = "layout", "its output index is not the bare iterators"
+        return
+    order = {v: i for i, v in enumerate(f.spatial)}
+    kind = "elementwise"
+    for acc in f.reads:
+        if not acc.pure():
+            f.kind, f.why = "layout", f"reads {acc.buffer} through index arithmetic"
+            return
+        pos = [order[str(ix)] for ix in acc.indices if str(ix) in order]
+        if pos != sorted(pos):
+            f.kind, f.why = "layout", f"reads {acc.buffer} with permuted axes (a transpose)"
+            return
+        if len(pos) < len(f.spatial):
+            kind = "broadcast"
+    f.kind = kind
+    f.why = ("every iterator spatial, every read indexed by the output's iterators" if
+             kind == "elementwise" else "every iterator spatial, a read broadcast along an axis")
+
+
+def _product_operands(value, out_name: str):
+    """``(a, b)`` loads if ``value`` is ``out + a * b`` (casts allowed), else None."""
+    from tvm.ir.prim.expr import Add, Cast, Mul
+
+    if not isinstance(value, Add):
+        return None
+    prod = value.b if loads_of(value.a) and loads_of(value.a)[0].source.name == out_name \
+        else value.a
+    while isinstance(prod, Cast):
+        prod = prod.value
+    if not isinstance(prod, Mul):
+        return None
+    la, lb = loads_of(prod.a), loads_of(prod.b)
+    if len(la) != 1 or len(lb) != 1:
+        return None
+    return la[0], lb[0]
+
+
+def _elems(shape) -> int:
+    out = 1
+    for d in shape:
+        out *= d
+    return out
+
+
+def _classify_reduction(f: BlockFacts, body) -> None:
+    ops = _product_operands(body.value, f.out_buffer)
+    if ops is not None:
+        a, b = _access(ops[0]), _access(ops[1])
+        red = set(f.reduce)
+        sp = {v for v in f.spatial if f.extents[v] > 1}
+        only_a, only_b = (sp & a.all_vars()) - b.all_vars(), (sp & b.all_vars()) - a.all_vars()
+        if red & a.all_vars() and red & b.all_vars() and only_a and only_b:
+            f.kind, f.operands = "contraction", (a, b)
+            windowed = any(len(vs) > 1 for acc in (a, b) for vs in acc.index_vars)
+            f.why = ("a sum of products of two operands, each reused along an axis the "
+                     "other lacks" + (" (a windowed index: a convolution)" if windowed else ""))
+            return
+    f.kind = "reduction"
+    # the largest input decides (a matrix-vector product is led by the matrix)
+    big = max(f.reads, key=lambda acc: _elems(acc.shape), default=None)
+    inner = big.index_vars[-1] if big is not None and big.index_vars else set()
+    where = "innermost" if inner & set(f.reduce) else "outer"
+    f.why = f"reduction iterators {f.reduce} over the {where} axis of its input"
+    f.extra_where = where  # type: ignore[attr-defined]
+
+
+def root_blocks(sch) -> list:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def all_facts(sch) -> dict:
+    """``{block name: BlockFacts}`` for every block under the root, in program order."""
+    return {sch.get(b).name_hint: block_facts(sch, b) for b in root_blocks(sch)}
+
+
+def consumers_of(facts: dict, name: str) -> list[str]:
+    buf = facts[name].out_buffer
+    return [n for n, f in facts.items() if n != name and any(a.buffer == buf for a in f.reads)]
+
+
+def output_blocks(sch) -> set[str]:
+    """Names of the blocks that write a kernel output."""
+    return {sch.get(b).name_hint for b in sch.get_output_blocks(sch.get_sblock("root"))}

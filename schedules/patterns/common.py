@@ -1,0 +1,78 @@
+"""Small helpers the pattern rules share (loop extents, trial application, vector widths)."""
+
+from __future__ import annotations
+
+# Below this many elements a stage runs on one core: waking the pool costs more than it saves.
+PARALLEL_MIN_ELEMS = 1 << 15
+
+
+def extent(sch, loop) -> int:
+    return int(sch.get(loop).extent)
+
+
+def product(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def block(sch, name: str):
+    return sch.get_sblock(name)
+
+
+def attempt(sch, fn, *args) -> tuple[bool, object]:
+    """Apply ``fn(sch, *args)`` only if it succeeds on a copy first.
+
+    Schedule primitives check before they mutate, but a rule is several primitives: trying
+    the whole rule on a copy keeps ``sch`` untouched when any step is refused, so the next
+    rule (finally the generic one) starts from a clean schedule. Returns ``(applied, what
+    fn returned)``.
+    """
+    trial = sch.copy()
+    try:
+        fn(trial, *args)
+    except Exception:  # noqa: BLE001 - any refusal means "this rule does not apply"
+        return False, None
+    return True, fn(sch, *args)
+
+
+def vector_width(target, dtype: str, inner: int) -> int:
+    """Elements per vectorised iteration: two registers when the axis is long enough (LLVM
+    then keeps two independent operations in flight), else one, else the whole axis."""
+    lanes = target.lanes(dtype)
+    if inner >= 4 * lanes:
+        return 2 * lanes
+    if inner >= lanes:
+        return lanes
+    return inner
+
+
+def vectorize_tail(sch, loops: list, target, dtype: str):
+    """Fuse ``loops`` (the innermost, contiguous ones) and vectorise a lane-wide split.
+
+    Returns the outer part of the fused loop (None when the whole nest was vectorised)."""
+    if not loops:
+        return None
+    inner = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    n = extent(sch, inner)
+    v = vector_width(target, dtype, n)
+    if v <= 1:
+        return inner
+    if v >= n:
+        sch.vectorize(inner)
+        return None
+    outer, vec = sch.split(inner, [None, v])
+    sch.vectorize(vec)
+    return outer
+
+
+def parallel_loops(sch, loops: list, target, elems: int):
+    """Fuse ``loops`` and run them across cores when the stage is large enough."""
+    loops = [lp for lp in loops if lp is not None]
+    if not loops or target.cores < 2 or elems < PARALLEL_MIN_ELEMS:
+        return None
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if extent(sch, fused) >= 2:
+        sch.parallel(fused)
+    return fused

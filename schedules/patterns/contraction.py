@@ -1,0 +1,237 @@
+"""Contractions (matmul, batched matmul, convolutions): a register-blocked micro-kernel.
+
+A contraction block is ``C[...] += S[...] * V[...]`` where ``V`` is the operand whose
+innermost index is the output's innermost (contiguous) axis ``v`` with stride 1, and ``S``
+the one without it. The micro-kernel keeps an ``mr x (nv * lanes)`` tile of ``C`` in vector
+registers for the whole reduction: per reduction step it loads ``nv`` vectors of ``V``,
+broadcasts ``mr`` scalars of ``S`` along ``m`` (the innermost output axis only ``S`` has:
+the rows of a matmul, the output channels of a convolution) and issues ``mr * nv`` FMAs.
+``mr`` and ``nv`` come from the register file (16 vector registers on SSE/AVX2, 32 on
+AVX-512): accumulators + ``nv`` loads + one broadcast must fit, and among those tiles the
+one with the most FMAs per load wins (a multiple of the ``v`` extent first).
+
+Around it: ``mc`` rows of ``m`` (``m1`` micro-tiles) are a block whose ``S`` slice stays in
+L2 while the ``V`` panel of one tile column is reused by every micro-tile of the block;
+``(other outputs axes, m blocks[, v tiles])`` run across cores. ``V`` is packed once into
+``[.., v // nr, k.., nr]`` (``cache_read`` + ``transform_layout``) when its layout would
+stride each reduction step across rows (a matmul's ``B[k, j]``: at power-of-two ``N`` every
+row of the panel maps to the same cache set) and the tile divides its extent. A consumer
+(bias, activation, cast) that reads ``C`` elementwise is fused into the tile's write-back.
+"""
+
+from __future__ import annotations
+
+from schedules.patterns.common import extent, product
+
+PANEL_BYTES_FRACTION = 4  # the S block of one core uses at most 1/4 of its L2
+
+
+def vector_registers(target) -> int:
+    return 32 if target.vector_bits >= 512 else 16
+
+
+def _coef(index, var: str) -> int | None:
+    """Stride of ``index`` in iterator ``var`` (None when not linear)."""
+    from tvm.ir.prim.expr import Var
+    from tvm.sym.pattern import detect_linear_equation
+
+    from schedules.patterns.analysis import _walk
+
+    vs = [v for v in _walk(index, Var) if v.name == var]
+    if not vs:
+        return 0
+    res = detect_linear_equation(index, [vs[0]])
+    if len(res) != 2 or not hasattr(res[0], "value"):
+        return None
+    return int(res[0].value)
+
+
+def roles(f):
+    """``(S, V, m, v, transposed)`` of a contraction (see the module docstring); raises if
+    none fit. ``transposed``: ``V`` holds ``v`` as a bare index of an outer dimension (a
+    matmul's ``B[j, k]``), so it must be packed to load vectors along ``v``."""
+    last = f.write_vars[-1] if f.write_vars else set()
+    if len(last) != 1:
+        raise ValueError("the output's innermost index is not a bare iterator")
+    v = next(iter(last))
+    a, b = f.operands
+
+    def m_of(s_op, v_op):
+        ms = [x for x in f.spatial if f.extents[x] > 1 and x in s_op.all_vars()
+              and x not in v_op.all_vars() and x != v]
+        return ms[-1] if ms else None
+
+    for s_op, v_op in ((a, b), (b, a)):
+        if v_op.index_vars and v in v_op.index_vars[-1] and _coef(v_op.indices[-1], v) == 1 \
+                and v not in s_op.all_vars() and m_of(s_op, v_op):
+            return s_op, v_op, m_of(s_op, v_op), v, False
+    for s_op, v_op in ((a, b), (b, a)):
+        if any(str(ix) == v for ix in v_op.indices) and v not in s_op.all_vars() \
+                and m_of(s_op, v_op):
+            return s_op, v_op, m_of(s_op, v_op), v, True
+    raise ValueError("no operand is contiguous along the output's innermost axis")
+
+
+def micro_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False) -> tuple[int, int, int]:
+    """``(mr, nv, lanes)``: the register tile (see the module docstring).
+
+    A tile that leaves a ragged edge costs most: the edge's guard sits inside the reduction
+    loop and LLVM then keeps the accumulators in memory, so tiles dividing both extents win
+    over slightly larger ones that do not, unless the domain can be padded (``pad_ok``)."""
+    lanes = max(1, target.vector_bits // 32)  # fp16 math runs as fp32 on these targets
+    regs = vector_registers(target)
+    best, best_score = (1, 1), -1.0
+    for nv in range(1, 5):
+        if nv > 1 and (nv - 1) * lanes >= v_ext:
+            break
+        for mr in range(min((regs - nv - 1) // nv, m_ext), 0, -1):
+            score = mr * nv / (mr + nv) + 0.01 * mr * nv  # FMAs per load, then tile size
+            if mr * nv < 8:  # fewer accumulators than FMA latency x ports: a stall per step
+                score *= 0.7
+            # padding costs copies (and measured no faster at 1024^3), a guard costs more
+            if v_ext % (nv * lanes):
+                score *= 0.75 if pad_ok else 0.6
+            if m_ext % mr:
+                score *= 0.75 if pad_ok else 0.6
+            if score > best_score:
+                best, best_score = (mr, nv), score
+    return best[0], best[1], lanes
+
+
+def _pack(sch, blk, op, f, var: str, width: int, copy: bool = True):
+    """Lay operand ``op`` out as ``[other.., var // width, reduction.., var % width]``: one
+    contiguous ``width``-wide row per reduction step. ``copy``: through a new packed copy
+    (``cache_read``); else the operand is already an intermediate buffer and is re-laid."""
+    from tvm.tirx import IndexMap
+
+    dims = [next(iter(vs)) for vs in op.index_vars]
+    vd = dims.index(var)
+    red = [d for d, x in enumerate(dims) if x in f.reduce]
+    other = [d for d in range(len(dims)) if d != vd and d not in red]
+
+    def fn(*ix):
+        return [*[ix[d] for d in other], ix[vd] // width, *[ix[d] for d in red],
+                ix[vd] % width]
+
+    idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == op.buffer)
+    pack = sch.cache_read(blk, idx, "global") if copy else None
+    # a ragged last tile reads zeros past the edge of the packed panel
+    ragged = f.extents[var] % width != 0
+    sch.transform_layout(blk, ("read", idx),
+                         IndexMap.from_func(fn, ndim=len(dims), index_dtype="int32"),
+                         pad_value=0.0 if ragged else None)
+    return pack
+
+
+def _pure(op) -> bool:
+    return all(len(vs) == 1 and str(ix) in vs for ix, vs in zip(op.indices, op.index_vars))
+
+
+def _m_blocks(m_tiles: int, limit: int) -> int:
+    """Micro-tiles per L2 block: the largest <= ``limit`` wasting at most 1/32 of the tiles
+    to padding, else the one wasting least."""
+    waste = {b: -(-m_tiles // b) * b - m_tiles for b in range(1, max(1, limit) + 1)}
+    ok = [b for b, w in waste.items() if 32 * w <= m_tiles]
+    return max(ok) if ok else min(waste, key=lambda b: (waste[b], -b))
+
+
+def _pad_tiles(sch, name: str, f, pads: dict):
+    """Pad the block's iteration domain to whole tiles (``pad_einsum``: zero-padded input
+    copies, a cropping copy of the output), so no guard sits inside the reduction loop.
+    Returns ``(facts of the padded block, names of the copy blocks)``; unchanged when the
+    domain is already whole or TVM refuses (windowed operands)."""
+    from schedules.patterns.analysis import block_facts, root_blocks
+
+    padding = [pads.get(x, 1) for x in [*f.spatial, *f.reduce]]
+    if all(f.extents[x] % p == 0 for x, p in zip([*f.spatial, *f.reduce], padding)):
+        return f, []
+    trial = sch.copy()
+    try:
+        trial.pad_einsum(trial.get_sblock(name), padding)
+    except Exception:  # noqa: BLE001 - not an einsum TVM can pad: keep the guards
+        return f, []
+    before = {sch.get(b).name_hint for b in root_blocks(sch)}
+    sch.pad_einsum(sch.get_sblock(name), padding)
+    made = [sch.get(b).name_hint for b in root_blocks(sch)]
+    return block_facts(sch, sch.get_sblock(name)), [n for n in made if n not in before]
+
+
+def _should_pack(v_op, f, v: str, nr: int, m_ext: int, mr: int) -> bool:
+    pure = _pure(v_op)
+    strided = len(v_op.index_vars) >= 2 and bool(v_op.index_vars[-2] & set(f.reduce))
+    return pure and strided and f.extents[v] % nr == 0 and m_ext > mr
+
+
+def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | None = None):
+    """The micro-kernel schedule of contraction ``name`` (optionally fusing ``epilogue``)."""
+    from schedules.patterns.injective import schedule_injective
+
+    f = facts[name]
+    s_op, v_op, m, v, transposed = roles(f)
+    einsum = _pure(s_op) and _pure(v_op)
+    mr, nv, lanes = micro_tile(target, f.extents[m], f.extents[v], pad_ok=einsum)
+    nv_lanes = min(nv * lanes, f.extents[v])
+    k_elems = product(f.extents[x] for x in f.reduce)
+    limit = min(8, (target.l2_kib << 10) // PANEL_BYTES_FRACTION // (4 * k_elems * mr))
+    m1 = _m_blocks(-(-f.extents[m] // mr), limit)
+    f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: nv_lanes} if einsum else {})
+    s_op, v_op, m, v, transposed = roles(f)
+    m_ext = f.extents[m]
+    blk = sch.get_sblock(name)
+    pack = None
+    if transposed or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
+        pack = _pack(sch, blk, v_op, f, v, nv_lanes)
+    if copies and s_op.buffer.endswith("_pad") and m_ext % mr == 0 and s_op.index_vars[-1] & \
+            set(f.reduce):
+        # the zero-padded copy of S is made anyway: lay it out so the broadcasts of one
+        # reduction step are adjacent
+        _pack(sch, blk, s_op, f, m, mr, copy=False)
+    _micro_kernel(sch, blk, f, (m, mr, m1), (v, nv, lanes), target, epilogue)
+    for stage in [*copies, *([sch.get(pack).name_hint] if pack is not None else [])]:
+        schedule_injective(sch, stage, target)
+    return (f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) over "
+            f"{m} x {v}, {m1} tiles per L2 block" + (", V packed" if pack is not None else "")
+            + (", domain padded to whole tiles" if copies else ""))
+
+
+def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue) -> None:
+    """Loops ``[outer.., m0, v0, m1, reduction.., mr, nv, lanes]``; the tile in registers."""
+    m, mr, m1 = m_tile
+    v, nv, lanes = v_tile
+    v_ext = f.extents[v]
+    nv_lanes = min(nv * lanes, v_ext)
+    loops = sch.get_loops(blk)
+    iters = [*f.spatial, *f.reduce]
+    by = dict(zip(iters, loops))
+    m0, m1l, mi = sch.split(by[m], [None, m1, mr])
+    if nv_lanes >= v_ext:
+        v0, vv, vl = None, None, by[v]
+    elif nv_lanes > lanes:
+        v0, vv, vl = sch.split(by[v], [None, nv, lanes])
+    else:
+        v0, vl = sch.split(by[v], [None, nv_lanes])
+        vv = None
+    outer = [by[x] for x in f.spatial if x not in (m, v)]
+    red = [by[x] for x in f.reduce]
+    tile = [lp for lp in (mi, vv, vl) if lp is not None]
+    sch.reorder(*outer, m0, *([v0] if v0 is not None else []), m1l, *red, *tile)
+    par = [*outer, m0]
+    n_par = product(extent(sch, lp) for lp in par)
+    if v0 is not None and n_par < 4 * target.cores:
+        par.append(v0)
+    fused = sch.fuse(*par) if len(par) > 1 else par[0]
+    if target.cores > 1 and extent(sch, fused) >= 2:
+        sch.parallel(fused)
+    wb = sch.cache_write(blk, 0, "local")
+    if epilogue is not None:
+        sch.reverse_compute_inline(sch.get_sblock(epilogue))
+    sch.reverse_compute_at(wb, m1l, preserve_unit_loops=True)
+    sch.unroll(mi)
+    if vv is not None:
+        sch.unroll(vv)
+    sch.vectorize(vl)
+    sch.decompose_reduction(blk, red[0])
+    wl = sch.get_loops(wb)[-1]
+    if extent(sch, wl) > lanes and extent(sch, wl) % lanes == 0:
+        wl = sch.split(wl, [None, lanes])[-1]
+    sch.vectorize(wl)

@@ -1,0 +1,78 @@
+"""A vectorisable ``exp`` for float32 on LLVM targets.
+
+LLVM lowers a vector ``llvm.exp`` to one scalar ``expf`` call per lane (no vector math
+library is linked), which made a softmax spend most of its time in libm. This registers a
+lowering of ``tirx.exp`` (float32) to straight-line arithmetic that LLVM vectorises:
+Cody-Waite range reduction ``x = n ln2 + r`` (``ln2`` split in two so ``r`` is exact), the
+Cephes degree-6 polynomial for ``e^r`` on ``|r| <= ln2 / 2`` (about 1 ulp), and ``2^n``
+built in the exponent bits in two halves, so results down to the subnormal range and up to
+``FLT_MAX`` are exact-rounded scalings. ``x > 88.72..`` gives ``inf``, ``x < -104`` gives 0,
+NaN stays NaN. float16 is computed in float32 and rounded once; float64 keeps libm's exp.
+
+The registration is process-wide (TVM looks intrinsic lowerings up per target kind); it is
+made when the pattern rules are loaded, before any kernel of this package is scheduled.
+"""
+
+from __future__ import annotations
+
+LOG2E = 1.44269504088896341
+LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
+POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+        1.6666665459e-1, 5.0000001201e-1)
+EXP_MAX, EXP_MIN = 88.72283935546875, -104.0
+
+
+def exp_f32(x, lanes: int = 1):
+    """``e^x`` for a float32 expression (``lanes`` wide), as vectorisable TIR arithmetic."""
+    from tvm import tirx
+
+    sfx = "" if lanes == 1 else f"x{lanes}"
+    f32, i32 = f"float32{sfx}", f"int32{sfx}"
+
+    def c(v, dt="float32"):
+        k = tirx.const(v, dt)
+        return k if lanes == 1 else tirx.Broadcast(k, lanes)
+
+    xc = tirx.max(tirx.min(x, c(EXP_MAX)), c(EXP_MIN))
+    n = tirx.floor(xc * c(LOG2E) + c(0.5))
+    r = xc - n * c(LN2_HI) - n * c(LN2_LO)
+    p = c(POLY[0])
+    for coef in POLY[1:]:
+        p = p * r + c(coef)
+    y = p * r * r + r + c(1.0)
+    ni = tirx.Cast(i32, n)
+    n1 = tirx.shift_right(ni, c(1, "int32"))
+    n2 = ni - n1
+
+    def pow2(k):
+        return tirx.reinterpret(f32, tirx.shift_left(k + c(127, "int32"), c(23, "int32")))
+
+    out = y * pow2(n1) * pow2(n2)
+    out = tirx.Select(x > c(EXP_MAX), c(float("inf")), out)
+    # NaN in, NaN out; tested on the bits: TVM's LLVM code assumes no NaN in float compares
+    bits = tirx.bitwise_and(tirx.reinterpret(i32, x), c(0x7FFFFFFF, "int32"))
+    return tirx.Select(bits > c(0x7F800000, "int32"), x, out)
+
+
+def _lower_exp(op):
+    from tvm import tirx
+
+    x = op.args[0]
+    dtype = str(op.ty.dtype)
+    base, _, lanes = dtype.partition("x")
+    n = int(lanes) if lanes else 1
+    if base == "float32":
+        return exp_f32(x, n)
+    if base == "float16":  # computed in float32 (as LLVM would), rounded once
+        f32 = "float32" if n == 1 else f"float32x{n}"
+        return tirx.Cast(dtype, exp_f32(tirx.Cast(f32, x), n))
+    return op  # unchanged: the target-independent rule (libm) lowers it
+
+
+def register() -> None:
+    from tvm.tirx.op import register_intrin_lowering
+
+    register_intrin_lowering("tirx.exp", target="llvm", f=_lower_exp, level=20)
+
+
+register()

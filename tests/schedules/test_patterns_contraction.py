@@ -1,0 +1,182 @@
+"""Pattern rules for contractions: matmul, transposed and batched matmul, a user's NCHW conv2d
+forward with its padding stage, with and without a fused epilogue; odd/prime sizes, fp32 and
+fp16, 2-D to 5-D, against numpy float64, and the rule each stage took."""
+
+import re
+
+import numpy as np
+import pytest
+from pattern_helpers import build_run, check, rand
+from tvm import te
+
+import targets
+
+MM = [(64, 48, 37), (13, 17, 19), (97, 101, 103), (1, 33, 5), (128, 96, 64)]
+
+
+def _matmul(m, n, k, dtype, batch=(), trans_b=False):
+    a = te.placeholder((*batch, m, k), name="a", dtype=dtype)
+    b = te.placeholder((*batch, n, k) if trans_b else (*batch, k, n), name="b", dtype=dtype)
+    r = te.reduce_axis((0, k), name="r")
+
+    def body(*ix):
+        *bt, i, j = ix
+        rhs = b(*bt, j, r) if trans_b else b(*bt, r, j)
+        return te.sum(a(*bt, i, r) * rhs, axis=r)
+
+    return a, b, te.compute((*batch, m, n), body, name="c")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("mnk", MM, ids=str)
+def test_matmul(mnk, dtype):
+    m, n, k = mnk
+    rng = np.random.default_rng(m)
+    a, b, c = _matmul(m, n, k, dtype)
+    an, bn = rand((m, k), dtype, rng), rand((k, n), dtype, rng)
+    (out,), why = build_run([c], [a, b], [an, bn])
+    check(out, an.astype(np.float64) @ bn.astype(np.float64), dtype, "matmul")
+    rule = why.rule_of("c")
+    # a single output row or column has no reuse along it: a reduction rule takes it
+    expect = "patterns.contraction" if min(m, n) > 1 else "patterns.outer_reduction"
+    assert rule == expect, str(why)
+
+
+@pytest.mark.parametrize("batch", [(3,), (2, 3), (2, 1, 3)], ids=str)
+@pytest.mark.parametrize("trans_b", [False, True], ids=["nn", "nt"])
+def test_batched_matmul(batch, trans_b):
+    m, n, k = 19, 29, 23
+    rng = np.random.default_rng(7)
+    a, b, c = _matmul(m, n, k, "float32", batch, trans_b)
+    an = rand((*batch, m, k), "float32", rng)
+    bn = rand((*batch, n, k) if trans_b else (*batch, k, n), "float32", rng)
+    (out,), why = build_run([c], [a, b], [an, bn])
+    b64 = bn.astype(np.float64)
+    ref = an.astype(np.float64) @ (np.swapaxes(b64, -1, -2) if trans_b else b64)
+    check(out, ref, "float32", "bmm")
+    assert why.rule_of("c") == "patterns.contraction", str(why)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_matmul_bias_relu_epilogue_fused(dtype):
+    m, n, k = 37, 40, 31
+    rng = np.random.default_rng(11)
+    a, b, c = _matmul(m, n, k, dtype)
+    bias = te.placeholder((n,), name="bias", dtype=dtype)
+    y = te.compute((m, n), lambda i, j: te.max(c[i, j] + bias[j], te.const(0, dtype)),
+                   name="y")
+    an, bn, zn = rand((m, k), dtype, rng), rand((k, n), dtype, rng), rand((n,), dtype, rng)
+    (out,), why = build_run([y], [a, b, bias], [an, bn, zn])
+    ref = np.maximum(an.astype(np.float64) @ bn.astype(np.float64) + zn.astype(np.float64), 0)
+    check(out, ref, dtype, "gemm+bias+relu")
+    assert why.rule_of("c") == "patterns.contraction+epilogue", str(why)
+    assert why.rule_of("y") == "patterns.contraction+epilogue"
+
+
+def _conv2d(n, ci, co, h, w, kh, kw, pad, dtype, stride=1):
+    x = te.placeholder((n, ci, h, w), name="x", dtype=dtype)
+    wt = te.placeholder((co, ci, kh, kw), name="w", dtype=dtype)
+    hp, wp = h + 2 * pad, w + 2 * pad
+    xp = te.compute((n, ci, hp, wp), lambda b, c, i, j: te.if_then_else(
+        te.all(i >= pad, i < h + pad, j >= pad, j < w + pad), x[b, c, i - pad, j - pad],
+        te.const(0, dtype)), name="xpad")
+    rc = te.reduce_axis((0, ci), name="rc")
+    ry = te.reduce_axis((0, kh), name="ry")
+    rx = te.reduce_axis((0, kw), name="rx")
+    ho, wo = (hp - kh) // stride + 1, (wp - kw) // stride + 1
+    y = te.compute((n, co, ho, wo), lambda b, o, i, j: te.sum(
+        xp[b, rc, i * stride + ry, j * stride + rx] * wt[o, rc, ry, rx], axis=[rc, ry, rx]),
+        name="conv")
+    return x, wt, y
+
+
+def _ref_conv(xn, wn, pad, stride=1):
+    x = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    w = wn.astype(np.float64)
+    co, _, kh, kw = w.shape
+    ho, wo = (x.shape[2] - kh) // stride + 1, (x.shape[3] - kw) // stride + 1
+    out = np.zeros((x.shape[0], co, ho, wo))
+    for i in range(kh):
+        for j in range(kw):
+            win = x[:, :, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride]
+            out += np.einsum("nchw,oc->nohw", win, w[:, :, i, j])
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [(2, 3, 8, 11, 13, 3, 3, 1), (1, 5, 7, 9, 17, 1, 1, 0),
+                                 (3, 4, 16, 7, 5, 3, 2, 2)], ids=str)
+def test_user_conv2d_forward(geo, dtype):
+    n, ci, co, h, w, kh, kw, pad = geo
+    rng = np.random.default_rng(13)
+    x, wt, y = _conv2d(n, ci, co, h, w, kh, kw, pad, dtype)
+    xn, wn = rand((n, ci, h, w), dtype, rng), rand((co, ci, kh, kw), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    check(out, _ref_conv(xn, wn, pad), dtype, "conv2d")
+    assert why.rule_of("conv") == "patterns.contraction", str(why)
+    if pad:
+        assert why.rule_of("xpad") == "patterns.injective"  # materialised once, not inlined
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_user_conv2d_stride2(dtype):
+    """A strided window is not contiguous along the output's width: no micro-kernel, a
+    reduction rule takes it, and it stays correct."""
+    n, ci, co, h, w, k, pad = 2, 3, 5, 9, 11, 3, 1
+    rng = np.random.default_rng(23)
+    x, wt, y = _conv2d(n, ci, co, h, w, k, k, pad, dtype, stride=2)
+    xn, wn = rand((n, ci, h, w), dtype, rng), rand((co, ci, k, k), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    check(out, _ref_conv(xn, wn, pad, stride=2), dtype, "conv2d s2")
+    assert why.rule_of("conv").startswith("patterns."), str(why)
+    assert why.fell_to_generic() == []
+
+
+def test_conv2d_relu_epilogue_5d_bias():
+    """conv + a 5-D broadcast epilogue (bias per channel, viewed [n, co, ho, wo, 1])."""
+    n, ci, co, h, w, k = 2, 3, 5, 6, 7, 3
+    rng = np.random.default_rng(17)
+    x, wt, y = _conv2d(n, ci, co, h, w, k, k, 1, "float32")
+    bias = te.placeholder((co,), name="bias")
+    z = te.compute((n, co, h, w, 1), lambda b, o, i, j, u: te.max(y[b, o, i, j] + bias[o], 0.0),
+                   name="z")
+    xn, wn, bn = rand((n, ci, h, w), "float32", rng), rand((co, ci, k, k), "float32", rng), \
+        rand((co,), "float32", rng)
+    (out,), why = build_run([z], [x, wt, bias], [xn, wn, bn])
+    ref = np.maximum(_ref_conv(xn, wn, 1) + bn[None, :, None, None], 0)[..., None]
+    check(out, ref, "float32", "conv+bias+relu")
+    assert why.rule_of("conv") in ("patterns.contraction", "patterns.contraction+epilogue")
+    assert why.fell_to_generic() == []
+
+
+@pytest.mark.parametrize("name", ["x86-64", "x86-avx2", "x86-avx512"])
+def test_matmul_every_target(name):
+    tgt = targets.get(name)
+    if not targets.runnable(tgt):
+        pytest.skip(f"this machine cannot run {name} code")
+    rng = np.random.default_rng(19)
+    a, b, c = _matmul(29, 67, 31, "float32")
+    an, bn = rand((29, 31), "float32", rng), rand((31, 67), "float32", rng)
+    (out,), why = build_run([c], [a, b], [an, bn], target=tgt)
+    check(out, an.astype(np.float64) @ bn.astype(np.float64), "float32", name)
+    assert why.rule_of("c") == "patterns.contraction"
+
+
+def test_matmul_avx512_code_uses_full_width_fma():
+    """Compiled (not run) for AVX-512: the rule sizes its tile from 32 registers of 16 lanes,
+    and the inner loop issues zmm FMAs."""
+    import tvm
+
+    import dsl
+
+    tgt = targets.get("x86-avx512")
+    a, b, c = _matmul(64, 64, 32, "float32")
+    sch = dsl.auto_schedule([c], target=tgt)
+    why = dsl.explain(sch, [a, b, c])
+    assert why.rule_of("c") == "patterns.contraction"
+    assert "vectors of 16" in dict((s, w) for s, _, w in why.stages)["c"]
+    lib = tvm.compile(sch.s_tir([a, b, c]).mod, target=tgt.tvm_target())
+    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
+    asm = mod.inspect_source("asm")
+    fmas = re.findall(r"vfmadd\d+ps\s+[^\n]*", asm)
+    assert fmas and all("%zmm" in line for line in fmas), fmas[:4]

@@ -1,0 +1,78 @@
+"""Pattern rules for injective stages: elementwise chains inlined and vectorised, broadcasts,
+padding and layout stages inlined into their consumer; 1-D to 5-D, odd/prime sizes, fp32 and
+fp16, against numpy float64, and the rule each stage took."""
+
+import numpy as np
+import pytest
+from pattern_helpers import build_run, check, rand
+from tvm import te
+
+SHAPES = [(1031,), (7, 129), (3, 5, 37), (2, 3, 5, 19), (2, 3, 1, 5, 13), (4, 4096)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_elementwise_chain_is_inlined_and_vectorised(shape, dtype):
+    rng = np.random.default_rng(len(shape))
+    x = te.placeholder(shape, name="x", dtype=dtype)
+    y = te.placeholder(shape, name="y", dtype=dtype)
+    a = te.compute(shape, lambda *i: x(*i) * y(*i), name="a", tag="elemwise")
+    b = te.compute(shape, lambda *i: te.exp(a(*i)), name="b")
+    c = te.compute(shape, lambda *i: te.max(b(*i) - y(*i), te.const(0, dtype)), name="c")
+    xn, yn = rand(shape, dtype, rng), rand(shape, dtype, rng)
+    (out,), why = build_run([c], [x, y], [xn, yn])
+    x64, y64 = xn.astype(np.float64), yn.astype(np.float64)
+    check(out, np.maximum(np.exp(x64 * y64) - y64, 0), dtype, "chain")
+    assert why.rule_of("a") == "patterns.inline"
+    assert why.rule_of("b") == "patterns.inline"
+    assert why.rule_of("c") == "patterns.injective"
+    assert why.fell_to_generic() == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", SHAPES[1:], ids=str)
+def test_broadcast_along_leading_axes(shape, dtype):
+    rng = np.random.default_rng(3)
+    x = te.placeholder(shape, name="x", dtype=dtype)
+    bias = te.placeholder(shape[-1:], name="bias", dtype=dtype)
+    out_t = te.compute(shape, lambda *i: x(*i) + bias(i[-1]), name="out")
+    xn, bn = rand(shape, dtype, rng), rand(shape[-1:], dtype, rng)
+    (out,), why = build_run([out_t], [x, bias], [xn, bn])
+    check(out, xn.astype(np.float64) + bn.astype(np.float64), dtype, "bias")
+    assert why.rule_of("out") == "patterns.injective"
+    assert "broadcast" in dict((s, w) for s, _, w in why.stages)["out"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_padding_and_transpose_inlined_into_consumer(dtype):
+    rng = np.random.default_rng(5)
+    n, h, w = 3, 11, 13
+    x = te.placeholder((n, h, w), name="x", dtype=dtype)
+    pad = te.compute((n, h + 2, w + 2), lambda b, i, j: te.if_then_else(
+        te.all(i >= 1, i <= h, j >= 1, j <= w), x[b, i - 1, j - 1], te.const(0, dtype)),
+        name="pad")
+    tr = te.compute((n, w + 2, h + 2), lambda b, j, i: pad[b, i, j], name="tr")
+    out_t = te.compute((n, w, h), lambda b, j, i: tr[b, j, i] + tr[b, j + 2, i + 2],
+                       name="out")
+    xn = rand((n, h, w), dtype, rng)
+    (out,), why = build_run([out_t], [x], [xn])
+    p = np.pad(xn.astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    ref = (p[:, :h, :w] + p[:, 2:, 2:]).transpose(0, 2, 1)
+    check(out, ref, dtype, "pad")
+    assert why.rule_of("pad") == "patterns.inline"
+    assert why.rule_of("tr") == "patterns.inline"
+    assert why.rule_of("out") == "patterns.injective"
+
+
+def test_two_outputs_each_scheduled():
+    rng = np.random.default_rng(9)
+    shape = (5, 67)
+    x = te.placeholder(shape, name="x")
+    a = te.compute(shape, lambda i, j: x[i, j] * 2.0, name="a")
+    b = te.compute(shape, lambda i, j: a[i, j] + 1.0, name="b")
+    xn = rand(shape, "float32", rng)
+    (oa, ob), why = build_run([a, b], [x], [xn])
+    check(oa, xn * 2.0, "float32")
+    check(ob, xn.astype(np.float64) * 2.0 + 1.0, "float32")
+    assert why.rule_of("a") == "patterns.injective"
+    assert why.rule_of("b") == "patterns.injective"

@@ -1,0 +1,134 @@
+"""Pattern rules for reductions: softmax, layer-norm and RMS-norm as row groups (rows across
+cores, reductions at the row, rfactor-vectorised), reductions over the innermost and over
+outer axes on their own; odd/prime sizes, fp32 and fp16, 2-D to 5-D, with and without a
+fused consumer, against numpy float64."""
+
+import numpy as np
+import pytest
+from pattern_helpers import build_run, check, rand
+from tvm import te
+
+ROWS = [(7, 131), (3, 5, 256), (2, 3, 5, 97), (2, 1, 3, 4, 64), (1, 13)]
+
+
+def softmax(x, shape, dtype):
+    lead = shape[:-1]
+    k = te.reduce_axis((0, shape[-1]), name="k")
+    mx = te.compute(lead, lambda *i: te.max(x(*i, k), axis=k), name="mx")
+    e = te.compute(shape, lambda *i: te.exp(x(*i) - mx(*i[:-1])), name="e")
+    k2 = te.reduce_axis((0, shape[-1]), name="k2")
+    s = te.compute(lead, lambda *i: te.sum(e(*i, k2), axis=k2), name="s")
+    return te.compute(shape, lambda *i: e(*i) / s(*i[:-1]), name="y")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", ROWS, ids=str)
+def test_softmax_row_group(shape, dtype):
+    rng = np.random.default_rng(1)
+    x = te.placeholder(shape, name="x", dtype=dtype)
+    xn = rand(shape, dtype, rng, -4, 4)
+    (out,), why = build_run([softmax(x, shape, dtype)], [x], [xn])
+    x64 = xn.astype(np.float64)
+    ref = np.exp(x64 - x64.max(-1, keepdims=True))
+    check(out, ref / ref.sum(-1, keepdims=True), dtype, "softmax")
+    for stage in ("mx", "s", "y"):
+        assert why.rule_of(stage) == "patterns.row_reduction", str(why)
+    assert why.rule_of("e") == "patterns.row_reduction"  # exp computed once per row
+
+
+def _norm(x, shape, dtype, rms: bool):
+    n = shape[-1]
+    lead = shape[:-1]
+    gamma = te.placeholder((n,), name="gamma", dtype=dtype)
+    k = te.reduce_axis((0, n), name="k")
+    if rms:
+        ss = te.compute(lead, lambda *i: te.sum(x(*i, k) * x(*i, k), axis=k), name="ss")
+        y = te.compute(shape, lambda *i: x(*i) / te.sqrt(ss(*i[:-1]) / n + 1e-5) * gamma(i[-1]),
+                       name="y")
+        return gamma, y
+    s = te.compute(lead, lambda *i: te.sum(x(*i, k), axis=k), name="s")
+    mean = te.compute(lead, lambda *i: s(*i) / n, name="mean")
+    d = te.compute(shape, lambda *i: x(*i) - mean(*i[:-1]), name="d")
+    k2 = te.reduce_axis((0, n), name="k2")
+    var = te.compute(lead, lambda *i: te.sum(d(*i, k2) * d(*i, k2), axis=k2), name="var")
+    y = te.compute(shape, lambda *i: d(*i) / te.sqrt(var(*i[:-1]) / n + 1e-5) * gamma(i[-1]),
+                   name="y")
+    return gamma, y
+
+
+@pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", ROWS[:4], ids=str)
+def test_normalisations(shape, dtype, rms):
+    rng = np.random.default_rng(2)
+    x = te.placeholder(shape, name="x", dtype=dtype)
+    gamma, y = _norm(x, shape, dtype, rms)
+    xn, gn = rand(shape, dtype, rng, -2, 2), rand(shape[-1:], dtype, rng)
+    (out,), why = build_run([y], [x, gamma], [xn, gn])
+    x64, g64 = xn.astype(np.float64), gn.astype(np.float64)
+    if rms:
+        ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * g64
+    else:
+        d = x64 - x64.mean(-1, keepdims=True)
+        ref = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g64
+    check(out, ref, dtype, "norm")
+    assert why.rule_of("y") == "patterns.row_reduction", str(why)
+    assert why.rule_of("ss" if rms else "var") == "patterns.row_reduction"
+    assert why.fell_to_generic() == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(11, 257), (3, 4, 96), (2, 3, 2, 5, 33), (4099,)], ids=str)
+def test_inner_sum_alone(shape, dtype):
+    rng = np.random.default_rng(4)
+    x = te.placeholder(shape, name="x", dtype=dtype)
+    k = te.reduce_axis((0, shape[-1]), name="k")
+    r = te.compute(shape[:-1], lambda *i: te.sum(x(*i, k), axis=k), name="r")
+    xn = rand(shape, dtype, rng)
+    (out,), why = build_run([r], [x], [xn])
+    check(out, xn.astype(np.float64).sum(-1), dtype, "sum")
+    assert why.rule_of("r") == "patterns.inner_reduction", str(why)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("shape", [(67, 13), (5, 3, 131), (3, 7, 2, 41), (2, 2, 3, 2, 19)],
+                         ids=str)
+def test_outer_max_alone_with_consumer(shape, dtype):
+    """max over axis 0 (an outer axis), then a fused elementwise consumer."""
+    rng = np.random.default_rng(6)
+    x = te.placeholder(shape, name="x", dtype=dtype)
+    k = te.reduce_axis((0, shape[0]), name="k")
+    r = te.compute(shape[1:], lambda *i: te.max(x(k, *i), axis=k), name="r")
+    y = te.compute(shape[1:], lambda *i: r(*i) * te.const(2, dtype), name="y")
+    xn = rand(shape, dtype, rng)
+    (out,), why = build_run([y], [x], [xn])
+    check(out, xn.astype(np.float64).max(0) * 2, dtype, "max0")
+    assert why.rule_of("r") == "patterns.outer_reduction", str(why)
+    assert why.rule_of("y") == "patterns.injective"
+
+
+def test_reduction_that_is_also_an_output():
+    """Two outputs: the row sums and the centred rows; each scheduled, both exact."""
+    shape = (9, 67)
+    x = te.placeholder(shape, name="x")
+    k = te.reduce_axis((0, shape[1]), name="k")
+    s = te.compute(shape[:1], lambda i: te.sum(x[i, k], axis=k), name="s")
+    y = te.compute(shape, lambda i, j: x[i, j] - s[i] / shape[1], name="y")
+    xn = rand(shape, "float32", np.random.default_rng(8))
+    (oy, osum), why = build_run([y, s], [x], [xn])
+    x64 = xn.astype(np.float64)
+    check(oy, x64 - x64.mean(1, keepdims=True), "float32", "centred")
+    check(osum, x64.sum(1), "float32", "sums")
+    assert why.rule_of("s") == "patterns.inner_reduction"
+    assert why.rule_of("y") == "patterns.injective"
+
+
+@pytest.mark.parametrize("n", [1031, 4096])
+def test_global_sum(n):
+    z = te.placeholder((n,), name="z")
+    k = te.reduce_axis((0, n), name="k")
+    t = te.compute((1,), lambda i: te.sum(z[k], axis=k), name="t")
+    zn = rand((n,), "float32", np.random.default_rng(n))
+    (out,), why = build_run([t], [z], [zn])
+    check(out, np.array([zn.astype(np.float64).sum()]), "float32", "sum")
+    assert why.rule_of("t") == "patterns.inner_reduction"
