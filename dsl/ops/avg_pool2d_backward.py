@@ -94,6 +94,7 @@ MAX_CHANNELS = 65535  # seed 004: "输入channel最大支持65535"
 CUBE_MATH_TYPES = {0: "KEEP_DTYPE", 1: "ALLOW_FP32_DOWN_PRECISION", 2: "USE_FP16",
                    3: "USE_HF32"}
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOATS = (*SUPPORTED_FLOATS, "float64")  # float64 accumulates in float64 (gradcheck)
 
 
 def _min(a, b):
@@ -226,8 +227,8 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
     x_shape = check_shape("self.shape", self_shape, ranks)
     dy_shape = check_shape("grad_output.shape", grad_output_shape, ranks)
     dtype = str(self_dtype)
-    if dtype not in SUPPORTED_FLOATS:
-        raise fail(E_DTYPE, "self.dtype", dtype, f"must be one of {', '.join(SUPPORTED_FLOATS)}")
+    if dtype not in FLOATS:
+        raise fail(E_DTYPE, "self.dtype", dtype, f"must be one of {', '.join(FLOATS)}")
     if str(grad_output_dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "grad_output.dtype", str(grad_output_dtype),
                    f"must equal self.dtype={dtype}")
@@ -315,7 +316,8 @@ def _compute(dy, geo: AvgPool2dGeometry):
     def split(idx):
         return idx[:h_axis], idx[h_axis], idx[h_axis + 1], idx[h_axis + 2:]
 
-    zero = tvm.tirx.const(0, ACC_DTYPE)
+    acc_t = "float64" if geo.dtype == "float64" else ACC_DTYPE
+    zero = tvm.tirx.const(0, acc_t)
 
     def scale_body(*idx):
         lead, r, q, tail = split(idx)
@@ -326,13 +328,13 @@ def _compute(dy, geo: AvgPool2dGeometry):
             conds += ([o >= 0] if lo else []) + ([o < ax.n_out] if hi else [])
             # clamped so the load is in bounds even where a vectoriser evaluates both arms
             src.append(_max(_min(o, ax.n_out - 1), 0) if lo or hi else o)
-        val = dy[(*lead, *src, *tail)].astype(ACC_DTYPE)
+        val = dy[(*lead, *src, *tail)].astype(acc_t)
         if geo.divisor_override:
-            val = val / tvm.tirx.const(float(geo.divisor_override), ACC_DTYPE)
+            val = val / tvm.tirx.const(float(geo.divisor_override), acc_t)
         else:
             div = ah.count(src[0], geo.count_include_pad) * aw.count(src[1],
                                                                      geo.count_include_pad)
-            val = val / div.astype(ACC_DTYPE)
+            val = val / div.astype(acc_t)
         return tvm.tirx.Select(tvm.tirx.all(*conds), val, zero) if conds else val
 
     scaled_shape = (*geo.out_shape[:h_axis], ah.padded_size, aw.padded_size,
@@ -357,7 +359,7 @@ def _compute(dy, geo: AvgPool2dGeometry):
              "dsl_formats": json.dumps(formats, sort_keys=True), "layout": geo.layout,
              "w_phases": phases}
     if phases == 1:
-        if geo.dtype == ACC_DTYPE:
+        if geo.dtype == acc_t:
             return te.compute(geo.in_shape, gather, name="grad_input", tag=TAG, attrs=attrs)
         acc = te.compute(geo.in_shape, gather, name="grad_acc", tag=f"{TAG}.acc")
         return te.compute(geo.in_shape, lambda *idx: acc[idx].astype(geo.dtype),

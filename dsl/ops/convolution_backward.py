@@ -125,9 +125,19 @@ AXIS_NAMES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
 INT32_MAX = 2**31 - 1
 
 
+FLOATS = (*SUPPORTED_FLOATS, "float64")  # float64: accumulated in float64 (gradcheck)
+
+
 def promote(a: str, b: str) -> str:
     """The higher-precision of two float dtypes (float16 with bfloat16 gives float32)."""
-    return a if a == b else "float32"
+    if a == b:
+        return a
+    return "float64" if "float64" in (a, b) else "float32"
+
+
+def acc_dtype(dtypes) -> str:
+    """The accumulation dtype: float64 when any tensor is float64, else float32."""
+    return "float64" if "float64" in dtypes else ACC_DTYPE
 
 
 def operand_rounding(dtype: str, cube_math_type: int) -> str | None:
@@ -166,6 +176,10 @@ class Plan:
     def out_dtypes(self) -> tuple[str, str, str]:
         go, x, w = self.dtypes
         return promote(x, go), promote(w, go), go
+
+    @property
+    def acc_dtype(self) -> str:
+        return acc_dtype(self.dtypes)
 
     @property
     def empty(self) -> bool:
@@ -234,9 +248,9 @@ def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_
     fmt = FORMATS[nd]
     go = check_ints("grad_output.shape", grad_output_shape, rank, lo=0, code=E_SHAPE)
     x = check_ints("input.shape", input_shape, rank, lo=0, code=E_SHAPE)
-    dtypes = (check_dtype("grad_output.dtype", grad_output_dtype, SUPPORTED_FLOATS),
-              check_dtype("input.dtype", input_dtype, SUPPORTED_FLOATS),
-              check_dtype("weight.dtype", weight_dtype, SUPPORTED_FLOATS))
+    dtypes = (check_dtype("grad_output.dtype", grad_output_dtype, FLOATS),
+              check_dtype("input.dtype", input_dtype, FLOATS),
+              check_dtype("weight.dtype", weight_dtype, FLOATS))
 
     stride = check_ints("stride", stride, nd, lo=1, hi=INT32_MAX)
     pad_lens = (nd, 4) if nd == 2 else (nd,)
@@ -362,15 +376,14 @@ def _hf32(v):
     return tirx.reinterpret(ACC_DTYPE, tirx.Select(special, bits, rounded))
 
 
-def _operand(v, dtype: str, cube_math_type: int):
-    """A cube operand as the float32 the product sees (rounded per cube_math_type)."""
+def _operand(v, dtype: str, cube_math_type: int, acc: str = ACC_DTYPE):
+    """A cube operand as the ``acc`` value the product sees (rounded per cube_math_type)."""
     r = operand_rounding(dtype, cube_math_type)
-    f = v.astype(ACC_DTYPE)
     if r == "hf32":
-        return _hf32(f)
+        return _hf32(v.astype(ACC_DTYPE)).astype(acc)
     if r == "float16":
-        return f.astype("float16").astype(ACC_DTYPE)
-    return f
+        return v.astype(ACC_DTYPE).astype("float16").astype(acc)
+    return v.astype(acc)
 
 
 
@@ -382,7 +395,7 @@ def _all(conds):
     return tirx.all(*conds) if conds else None
 
 
-def _guard(cond, val, dtype=ACC_DTYPE):
+def _guard(cond, val, dtype: str):
     from tvm import te, tirx
 
     return val if cond is None else te.if_then_else(cond, val, tirx.const(0, dtype))
@@ -438,7 +451,7 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
 def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     from tvm import te
 
-    nd, axes, g_n, cmt = p.nd, p.axes, p.groups, p.cube_math_type
+    nd, axes, g_n, cmt, acc_t = p.nd, p.axes, p.groups, p.cube_math_type, p.acc_dtype
     n = p.input_shape[0]
     cx, cy, cxg, cyg = p.cx, p.cy, p.cxg, p.cyg
     xt, yt = (grad_output, input) if p.transposed else (input, grad_output)
@@ -473,7 +486,7 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
             ok = _all(conds)
             if ok is not None:  # clamp so the guarded-off read stays in bounds
                 src = [te.max(te.min(s_, a.n_out - 1), 0) for s_, a in zip(src, axes)]
-            return _guard(ok, _operand(yt[(b, c, *src)], y_dtype, cmt))
+            return _guard(ok, _operand(yt[(b, c, *src)], y_dtype, cmt, acc_t), acc_t)
 
         yp = te.compute((n, *rows, cy), y_body, name="cb_y_pack", tag=f"{TAG}.y_pack")
     if need_fwd or need_dw:
@@ -489,7 +502,7 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
             ok = _all(conds)
             if ok is not None:
                 src = [te.max(te.min(s_, a.n_in - 1), 0) for s_, a in zip(src, axes)]
-            return _guard(ok, _operand(xt[(b, c, *src)], x_dtype, cmt))
+            return _guard(ok, _operand(xt[(b, c, *src)], x_dtype, cmt, acc_t), acc_t)
 
         xp = te.compute((n, *(a.x_padded_size for a in axes), cx), x_body, name="cb_x_pack",
                         tag=f"{TAG}.x_pack")
@@ -514,7 +527,7 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
                   for kk, a in zip(k, axes)]
             ci = c if g_n == 1 else c % cxg
             val = weight[(grp_x(c) * cyg + co, ci, *ks)]
-            return _guard(ok, _operand(val, w_dtype, cmt))
+            return _guard(ok, _operand(val, w_dtype, cmt, acc_t), acc_t)
 
         wa = te.compute((*kp, cyg, cx), wa_body, name="cb_w_adj", tag=f"{TAG}.w_adj")
         jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
@@ -530,7 +543,7 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
                 conds.append(cond)
             ch = rco if g_n == 1 else grp_x(c) * cyg + rco
             prod = yp[(b, *rows, ch)] * wa[(*ks, rco, c)]
-            return te.sum(_guard(_all(conds), prod), axis=[*jr, rco])
+            return te.sum(_guard(_all(conds), prod, acc_t), axis=[*jr, rco])
 
         acc = te.compute((n, *(a.n_in for a in axes), cx), dx_body, name="cb_dx_acc",
                          tag=f"{TAG}.dx_acc")
@@ -540,7 +553,7 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     if need_fwd:
         wf = te.compute((*k_sizes, cxg, cy),
                         lambda *idx: _operand(weight[(idx[-1], idx[-2], *idx[:-2])], w_dtype,
-                                              cmt),
+                                              cmt, acc_t),
                         name="cb_w_fwd", tag=f"{TAG}.w_fwd")
         kr = [te.reduce_axis((0, a.kernel), name=f"k{i}") for i, a in enumerate(axes)]
         rci = te.reduce_axis((0, cxg), name="ci")
@@ -580,7 +593,7 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
         orr = [te.reduce_axis((0, d), name=f"bo{i}") for i, d in
                enumerate(p.grad_output_shape[2:])]
         db = te.compute((p.grad_output_shape[1],),
-                        lambda c: te.sum(grad_output[(rn, c, *orr)].astype(ACC_DTYPE),
+                        lambda c: te.sum(grad_output[(rn, c, *orr)].astype(acc_t),
                                          axis=[rn, *orr]),
                         name="cb_db_acc", tag=f"{TAG}.db_acc")
         outs[2] = te.compute((p.grad_output_shape[1],), lambda c: db[c].astype(gb_dtype),
