@@ -75,7 +75,7 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
         build(sch, {"name": name, "tensor_list": [*inputs, *outputs],
                     "kernel_meta_parent_dir": str(root)})
         kernel = load(name, root)
-        LOG.info("dsl: kernel %s ready for %s in %.2f s (%s)", name, signature.get("op"),
+        LOG.info("kernel %s ready for %s in %.2f s (%s)", name, signature.get("op"),
                  time.perf_counter() - start, root / "kernel_meta")
         STATS["builds"] += 1
         _MEMORY[key] = kernel
