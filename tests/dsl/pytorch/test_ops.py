@@ -191,8 +191,9 @@ def test_empty_batch_needs_no_kernel():
 
 def test_threads_follow_torch():
     """The TVM pool of the calling thread is sized from torch.get_num_threads()."""
-    import targets
     import tvm
+
+    import targets
 
     old = torch.get_num_threads()
     try:
