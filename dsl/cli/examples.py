@@ -2,7 +2,8 @@
 
 Each ``examples/*.py`` has a ``main(kernel_meta_parent_dir=None)`` that builds its kernels,
 runs them on random data, checks the result (raising on failure) and returns a dict with
-``build_s``, ``run_s`` and ``error``.
+``build_s``, ``run_s`` and ``error``, or ``{"skipped": reason}`` when an optional dependency
+(torch, scikit-learn) is missing.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{i}/{len(paths)}] {path.stem} ...", end="\r", flush=True, file=sys.stderr)
         try:
             r = run_example(path, args.kernel_meta_parent_dir)
+            if "skipped" in r:
+                print(f"{path.stem:32s} {'':8s} {'':8s} {'':10s}  skipped: {r['skipped']}")
+                continue
             print(f"{path.stem:32s} {r['build_s']:8.3f} {r['run_s'] * 1e3:8.3f} "
                   f"{r['error']:10.2e}  ok")
         except Exception:  # noqa: BLE001 - report every failing example, then fail at the end
