@@ -40,6 +40,8 @@ def _parse(argv):
                         "worker threads (TVM pool, OpenMP) park first")
     p.add_argument("--json", default=None, metavar="PATH", help="write the table as JSON")
     p.add_argument("--no-peer", action="store_true", help="skip PyTorch")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw ours vs PyTorch GFLOP/s per workload (needs matplotlib)")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
@@ -254,4 +256,8 @@ def main(argv=None) -> int:
                        "settle": args.settle, "argv": list(argv or []),
                        "rows": rows, "summary": summ}, f, indent=1)
         print(f"wrote {args.json}")
+    if args.plot:
+        from dsl.cli.bench.plot import plot_rows
+
+        print(f"wrote {plot_rows(rows, args.plot, info)}")
     return 1 if any(r.get("error") for r in rows) else 0
