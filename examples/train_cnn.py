@@ -60,23 +60,25 @@ def data():
     return (x[300:], y[300:]), (x[:300], y[:300])
 
 
-def train(model, train_set, steps: int):
-    """Adam on fixed mini-batches; returns (losses, step seconds)."""
+def train(models, train_set, steps: int):
+    """Adam on fixed mini-batches, the models stepped in turn (so load from other processes
+    hits each alike); returns (losses, step seconds) per model."""
     import torch
 
     x, y = train_set
-    opt = torch.optim.Adam(model.parameters(), lr=LR)
+    opts = [torch.optim.Adam(m.parameters(), lr=LR) for m in models]
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(SEED + 1))
-    losses, times = [], []
+    losses, times = [[] for _ in models], [[] for _ in models]
     for step in range(steps):
         idx = order[(step * BATCH) % (len(y) - BATCH):][:BATCH]
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
-        loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
+        for model, opt, ls, ts in zip(models, opts, losses, times):
+            t0 = time.perf_counter()
+            opt.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(model(x[idx]), y[idx])
+            loss.backward()
+            opt.step()
+            ts.append(time.perf_counter() - t0)
+            ls.append(loss.item())
     return losses, times
 
 
@@ -140,10 +142,9 @@ def main(kernel_meta_parent_dir=None, steps: int = STEPS, plot: str | None = Non
     torch.manual_seed(SEED)
     native = make_model()
     ours = dsl.pytorch.convert(copy.deepcopy(native))
-    n_native, t_native = train(native, train_set, steps)
     calls = dsl.pytorch.STATS["convolution_backward"]
     with _cache_dir(kernel_meta_parent_dir):
-        n_ours, t_ours = train(ours, train_set, steps)
+        (n_native, n_ours), (t_native, t_ours) = train([native, ours], train_set, steps)
     if dsl.pytorch.STATS["convolution_backward"] - calls != 3 * steps:
         raise RuntimeError("train_cnn: the converted model did not run the dsl backward")
     err = max(abs(a - b) / abs(b) for a, b in zip(n_ours, n_native))

@@ -37,6 +37,7 @@ the first build is logged on the ``"dsl"`` logger. Calls are thread-safe and run
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 
@@ -44,6 +45,10 @@ import torch
 from torch import Tensor
 
 import targets
+
+# Between our kernels PyTorch runs its own parallel ops: TVM's idle workers must not spin on
+# the cores PyTorch's threads need (read when TVM's pool starts; a user's setting wins).
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
 
 # calls of each backward kernel (tests use it to see that the dsl kernels really ran)
 STATS: Counter = Counter()
