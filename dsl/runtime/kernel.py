@@ -42,6 +42,8 @@ class Kernel:
         roles = [t["role"] == "input" for t in meta["tensors"]]
         self._in_first = roles == sorted(roles, reverse=True)
         self._shapes = {id(t): tuple(t["shape"]) for t in meta["tensors"]}
+        self._nbytes = {id(t): math.prod(t["shape"]) * _ITEMSIZE.get(t["dtype"], 8)
+                        for t in meta["tensors"]}
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{t['name']}{tuple(t['shape'])}:{t['dtype']}" for t in self.meta[
@@ -73,9 +75,9 @@ class Kernel:
                 raise fail(E_TYPE, self._where(i, spec), type(a).__name__,
                            "must be a plain numpy.ndarray (not masked), a torch.Tensor or a "
                            "TVM tensor")
-            return self._check_layout(i, spec, a, a.shape, str(a.dtype)), "numpy"
+            return self._check_layout(i, spec, a, a.shape, _np_name(a.dtype)), "numpy"
         if type(a).__module__.startswith("torch") and hasattr(a, "data_ptr"):
-            if a.device.type != "cpu":
+            if not a.is_cpu:
                 raise fail(E_TYPE, f"{self._where(i, spec)}.device", str(a.device),
                            "must be the CPU: the kernels run on the host")
             return self._check_layout(i, spec, a, tuple(a.shape), str(a.dtype)[6:]), "torch"
@@ -111,9 +113,10 @@ class Kernel:
             kind = ins[0][1] if ins else "numpy"
             outs = [(_empty(s["shape"], s["dtype"], kind), kind) for s in self.outputs]
         tin = [_kernel_input(a, kind) for a, kind in ins]
+        spans = [_span(t, self._nbytes[id(s)]) for t, s in zip(tin, self.inputs)]
         tout, writeback = [], []
-        for o, kind in outs:
-            arg = _kernel_output(o, kind, ins)
+        for (o, kind), s in zip(outs, self.outputs):
+            arg = _kernel_output(o, kind, spans, self._nbytes[id(s)])
             if arg is None:  # not writable in place: compute aside, copy in afterwards
                 arg = _empty(o.shape, self._dtype_of(o, kind), "tvm")
                 writeback.append((o, kind, arg))
@@ -147,17 +150,22 @@ class Kernel:
 
 # --- argument conversion (zero copy where the generated code can read the memory as is) ---
 
-def _span(a, kind: str) -> tuple[int, int]:
-    """``(first byte, end byte)`` of an array's memory (its extent, strides included)."""
-    if kind == "numpy":
-        if a.flags.c_contiguous:
-            return a.ctypes.data, a.ctypes.data + a.nbytes
-        return getattr(np.lib, "array_utils", np).byte_bounds(a)  # numpy 2 moved it
-    if kind == "torch":
-        ptr = a.data_ptr()
-        ext = sum((d - 1) * abs(s) for d, s in zip(a.shape, a.stride())) + 1 if a.numel() else 0
-        return ptr, ptr + ext * a.element_size()
-    return a.data_ptr(), a.data_ptr() + a.numel() * a.dtype.itemsize
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
+             "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
+_NP_NAMES: dict = {}  # numpy dtype -> name: str(dtype) costs microseconds on every call
+
+
+def _np_name(dtype) -> str:
+    name = _NP_NAMES.get(dtype)
+    if name is None:
+        name = _NP_NAMES[dtype] = str(dtype)
+    return name
+
+
+def _span(t, nbytes: int) -> tuple[int, int]:
+    """``(first byte, end byte)`` of a C-contiguous kernel argument (TVM or torch tensor)."""
+    ptr = t.data_ptr()
+    return ptr, ptr + nbytes
 
 
 def _empty(shape, dtype: str, kind: str):
@@ -186,62 +194,67 @@ def _np_dtype(dtype: str) -> np.dtype:
 
 
 def _numpy_view(a: np.ndarray):
-    """A numpy array as the kernel argument, sharing memory (bfloat16, which DLPack cannot
-    name in numpy, through a uint16 view retyped on the TVM side)."""
-    if a.dtype.kind == "V" or str(a.dtype) == "bfloat16":
-        import tvm_ffi
+    """A C-contiguous writeable numpy array as a TVM tensor on the same memory (DLPack;
+    bfloat16, which numpy cannot export, through a uint16 view retyped on the TVM side)."""
+    import tvm_ffi
 
+    if a.dtype.kind == "V" or _np_name(a.dtype) == "bfloat16":
         return tvm_ffi.from_dlpack(a.view(np.uint16))._create_view(a.shape, "bfloat16")
-    return a
+    return tvm_ffi.from_dlpack(a)
 
 
-def _in_place(a, kind: str) -> bool:
-    """Can the generated code read/write ``a``'s memory as is (C-contiguous, aligned)?"""
-    if kind == "numpy":
-        return a.flags.c_contiguous and a.ctypes.data % ALIGN == 0
-    if kind == "torch":
-        return a.is_contiguous() and a.data_ptr() % ALIGN == 0 and not a.is_conj() \
-            and not a.is_neg()
-    return a.is_contiguous() and a.data_ptr() % ALIGN == 0
+def _aligned(t) -> bool:
+    return t.data_ptr() % ALIGN == 0
 
 
 def _kernel_input(a, kind: str):
+    """``a`` as a kernel argument: itself (torch, TVM) or a TVM view (numpy) when the
+    generated code can read it in place (C-contiguous, 64-byte aligned), else a copy."""
     if kind == "numpy":
-        if not (_in_place(a, kind) and a.flags.writeable):  # DLPack cannot export read-only
-            b = _empty(a.shape, str(a.dtype), "numpy")
-            np.copyto(b, a)
-            a = b
-        return _numpy_view(a)
+        if a.flags.c_contiguous and a.flags.writeable:  # DLPack cannot export read-only
+            t = _numpy_view(a)
+            if _aligned(t):
+                return t
+        b = _empty(a.shape, _np_name(a.dtype), "numpy")
+        np.copyto(b, a)
+        return _numpy_view(b)
     if kind == "torch":
         if a.requires_grad:
             a = a.detach()
-        if not _in_place(a, kind):
-            b = _empty(a.shape, str(a.dtype)[6:], "torch")
-            b.copy_(a)
-            a = b
+        if a.is_contiguous() and _aligned(a) and not a.is_conj() and not a.is_neg():
+            return a
+        b = _empty(a.shape, str(a.dtype)[6:], "torch")
+        b.copy_(a)
+        return b
+    if a.is_contiguous() and _aligned(a):
         return a
-    if not _in_place(a, kind):
-        b = _empty(tuple(a.shape), str(a.dtype), "tvm")
-        b.copyfrom(a.numpy())
-        a = b
-    return a
+    b = _empty(tuple(a.shape), str(a.dtype), "tvm")
+    b.copyfrom(a.numpy())
+    return b
 
 
-def _kernel_output(o, kind: str, ins: list):
+def _kernel_output(o, kind: str, spans: list, nbytes: int):
     """``o`` as the kernel's output argument, or None when it must be written afterwards
     (not C-contiguous and aligned, or overlapping an input the kernel still reads)."""
-    if not _in_place(o, kind):
+    if kind == "numpy":
+        if not o.flags.c_contiguous:
+            return None
+        t = _numpy_view(o)
+    elif kind == "torch":
+        if not o.is_contiguous() or o.is_conj() or o.is_neg():
+            return None
+        t = o.detach() if o.requires_grad else o
+    else:
+        if not o.is_contiguous():
+            return None
+        t = o
+    if not _aligned(t):
         return None
-    lo, hi = _span(o, kind)
-    for a, k in ins:
-        a_lo, a_hi = _span(a, k)
+    lo, hi = _span(t, nbytes)
+    for a_lo, a_hi in spans:
         if lo < a_hi and a_lo < hi:
             return None
-    if kind == "numpy":
-        return _numpy_view(o)
-    if kind == "torch" and o.requires_grad:
-        return o.detach()
-    return o
+    return t
 
 
 def _copy_into(o, kind: str, tmp) -> None:

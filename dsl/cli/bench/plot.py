@@ -74,8 +74,9 @@ def plot_rows(rows: list[dict], path: str, machine: dict | None = None) -> str:
         top = ax.secondary_xaxis("top", functions=(lambda g: 100 * g / peak,
                                                    lambda p: p * peak / 100))
         top.set_xlabel(f"% of estimated fp32 peak ({peak:.0f} GFLOP/s)", fontsize=8)
-    ax.set_title(f"{machine.get('cpu', 'CPU')}, {machine.get('threads', '?')} threads, "
-                 f"load {machine.get('load_avg', '?')}", fontsize=8)
+    fig.suptitle(f"dsl vs PyTorch: {machine.get('cpu', 'CPU')}, "
+                 f"{machine.get('threads', '?')} threads, load {machine.get('load_avg', '?')}",
+                 fontsize=9)
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
