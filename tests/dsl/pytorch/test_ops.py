@@ -210,3 +210,22 @@ def test_import_dsl_does_not_import_torch():
     code = "import sys, dsl; assert 'torch' not in sys.modules; dsl.pytorch; " \
            "assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_first_use_of_a_signature_is_logged_then_cached(caplog):
+    import logging
+
+    from dsl.runtime import kernel_cache
+
+    x = torch.randn(1, 1, 13, requires_grad=True)  # a signature no other test uses
+    w = torch.randn(1, 1, 2, requires_grad=True)
+    with caplog.at_level(logging.INFO, logger="dsl"):
+        ops.convolution(x, w, None, [3], [0], [1], False, [0], 1).sum().backward()
+    assert any("aclnn_conv_bwd" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    hits = kernel_cache.STATS["hits"]
+    builds = kernel_cache.STATS["builds"]
+    with caplog.at_level(logging.INFO, logger="dsl"):
+        ops.convolution(x, w, None, [3], [0], [1], False, [0], 1).sum().backward()
+    assert not caplog.records and kernel_cache.STATS["builds"] == builds
+    assert kernel_cache.STATS["hits"] == hits  # answered by dsl.pytorch's own signature map
