@@ -53,7 +53,8 @@ Decisions where the seed is silent
 * ``divisor_override`` may be any non-zero int64, negative included (the A2/A3 range; the
   older products' [-255, 255] is not enforced); 0 means none, as the seed says.
 * The 65535-channel limit applies to ``C`` (5HD: ``C1 <= 4096``).
-* Accumulation is always float32, the result rounded once to the dtype of ``self``.
+* Accumulation is float32 (float64 for float64 tensors, an extension for ``gradcheck``), the
+  result rounded once to the dtype of ``self``.
 
 ``cube_math_type`` (0 KEEP_DTYPE, 1 ALLOW_FP32_DOWN_PRECISION, 2 USE_FP16, 3 USE_HF32) selects
 the cube unit's precision on the device, where the operator can run as a depthwise transposed

@@ -30,7 +30,8 @@ grad_input (a strided dx visits ``ceil(k / step)`` taps, never zero-inserted row
 
 Tensors (all plain layouts)
 ---------------------------
-grad_output : ``(N, Cout, *out)``  NCL / NCHW / NCDHW, float32, float16 or bfloat16.
+grad_output : ``(N, Cout, *out)``  NCL / NCHW / NCDHW, float32, float16, bfloat16 or float64
+              (float64 accumulates in float64, not float32: for ``gradcheck``-grade results).
 input       : ``(N, Cin, *in)``    same rank; N or Cin may be 0 only in the numpy API.
 weight      : ``(Cout, Cin/groups, *k)``, or ``(Cin, Cout/groups, *k)`` when transposed.
 grad_input  : ``input.shape``,  dtype ``promote(input, grad_output)``.
