@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 import targets
+from dsl.runtime import kernel_cache
 
 # Between our kernels PyTorch runs its own parallel ops: TVM's idle workers must not spin on
 # the cores PyTorch's threads need (read when TVM's pool starts; a user's setting wins).
@@ -78,6 +79,9 @@ def _cached(key: tuple, make):
         hit = make()  # kernel_cache serialises builds; two threads may both check, one builds
         with _KERNELS_LOCK:
             hit = _KERNELS.setdefault(key, hit)
+            while len(_KERNELS) > max(1, kernel_cache.MAX_KERNELS):
+                # bounded like the kernel cache, so an evicted kernel's library can unload
+                _KERNELS.pop(next(iter(_KERNELS)))
     return hit
 
 
