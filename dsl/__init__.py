@@ -51,6 +51,15 @@ from dsl.tuning.tune import tune  # noqa: E402
 
 _aliases.install()
 
+
+def __getattr__(name: str):
+    # dsl.pytorch imports torch: loaded on first use, never by ``import dsl``
+    if name == "pytorch":
+        import importlib
+
+        return importlib.import_module("dsl.pytorch")
+    raise AttributeError(f"module 'dsl' has no attribute {name!r}")
+
 __all__ = ["DslError", "Explanation", "Kernel", "Schedule", "__version__", "aclnn", "auto_schedule",
            "avg_pool2d_backward", "build", "calculate_group", "conv2d_backprop_filter",
            "conv2d_backprop_input", "convolution_backward", "deconv_grad_filter",

@@ -2,7 +2,8 @@
 
 Each ``examples/*.py`` has a ``main(kernel_meta_parent_dir=None)`` that builds its kernels,
 runs them on random data, checks the result (raising on failure) and returns a dict with
-``build_s``, ``run_s`` and ``error``.
+``build_s``, ``run_s`` and ``error``, or ``{"skipped": reason}`` when an optional dependency
+(torch, scikit-learn) is missing.
 """
 
 from __future__ import annotations
@@ -91,10 +92,14 @@ def run_all(paths, parent_dir: str | None, quiet: bool = False) -> list[dict]:
                    "check_err": None}
             try:
                 r = run_example(path, parent_dir)
-                row.update(ok=True, build_s=r["build_s"], run_s=r["run_s"],
-                           check_err=r["error"])
-                line = (f"{path.stem:32s} {r['build_s']:8.3f} {r['run_s'] * 1e3:8.3f} "
-                        f"{r['error']:10.2e}  ok")
+                if "skipped" in r:
+                    row.update(ok=True, skipped=r["skipped"])
+                    line = f"{path.stem:32s} {'':8s} {'':8s} {'':10s}  skipped: {r['skipped']}"
+                else:
+                    row.update(ok=True, build_s=r["build_s"], run_s=r["run_s"],
+                               check_err=r["error"])
+                    line = (f"{path.stem:32s} {r['build_s']:8.3f} {r['run_s'] * 1e3:8.3f} "
+                            f"{r['error']:10.2e}  ok")
             except Exception:  # noqa: BLE001 - report every failing example, fail at the end
                 line = f"{path.stem:32s} {'':8s} {'':8s} {'':10s}  FAILED"
                 traceback.print_exc()

@@ -53,7 +53,8 @@ Decisions where the seed is silent
 * ``divisor_override`` may be any non-zero int64, negative included (the A2/A3 range; the
   older products' [-255, 255] is not enforced); 0 means none, as the seed says.
 * The 65535-channel limit applies to ``C`` (5HD: ``C1 <= 4096``).
-* Accumulation is always float32, the result rounded once to the dtype of ``self``.
+* Accumulation is float32 (float64 for float64 tensors, an extension for ``gradcheck``), the
+  result rounded once to the dtype of ``self``.
 
 ``cube_math_type`` (0 KEEP_DTYPE, 1 ALLOW_FP32_DOWN_PRECISION, 2 USE_FP16, 3 USE_HF32) selects
 the cube unit's precision on the device, where the operator can run as a depthwise transposed
@@ -94,6 +95,7 @@ MAX_CHANNELS = 65535  # seed 004: "输入channel最大支持65535"
 CUBE_MATH_TYPES = {0: "KEEP_DTYPE", 1: "ALLOW_FP32_DOWN_PRECISION", 2: "USE_FP16",
                    3: "USE_HF32"}
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOATS = (*SUPPORTED_FLOATS, "float64")  # float64 accumulates in float64 (gradcheck)
 
 
 def _min(a, b):
@@ -220,8 +222,8 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
     x_shape = check_shape("self.shape", self_shape, ranks)
     dy_shape = check_shape("grad_output.shape", grad_output_shape, ranks)
     dtype = str(self_dtype)
-    if dtype not in SUPPORTED_FLOATS:
-        raise fail(E_DTYPE, "self.dtype", dtype, f"must be one of {', '.join(SUPPORTED_FLOATS)}")
+    if dtype not in FLOATS:
+        raise fail(E_DTYPE, "self.dtype", dtype, f"must be one of {', '.join(FLOATS)}")
     if str(grad_output_dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "grad_output.dtype", str(grad_output_dtype),
                    f"must equal self.dtype={dtype}")
@@ -333,12 +335,18 @@ def _split(idx, h_axis: int):
     return idx[:h_axis], idx[h_axis], idx[h_axis + 1], idx[h_axis + 2:]
 
 
+def _acc_dtype(geo: AvgPool2dGeometry) -> str:
+    """float32, or float64 for float64 tensors (an extension for ``gradcheck``)."""
+    return "float64" if geo.dtype == "float64" else ACC_DTYPE
+
+
 def _scale_stage(dy, geo: AvgPool2dGeometry, h_axis: int, ah: PoolAxis, aw: PoolAxis):
     """``scale``: dy / D in float32 with zero rows / columns around it."""
     import tvm
     from tvm import te
 
-    zero = tvm.tirx.const(0, ACC_DTYPE)
+    acc_t = _acc_dtype(geo)
+    zero = tvm.tirx.const(0, acc_t)
 
     def scale_body(*idx):
         lead, r, q, tail = _split(idx, h_axis)
@@ -349,13 +357,13 @@ def _scale_stage(dy, geo: AvgPool2dGeometry, h_axis: int, ah: PoolAxis, aw: Pool
             conds += ([o >= 0] if lo else []) + ([o < ax.n_out] if hi else [])
             # clamped so the load is in bounds even where a vectoriser evaluates both arms
             src.append(_max(_min(o, ax.n_out - 1), 0) if lo or hi else o)
-        val = dy[(*lead, *src, *tail)].astype(ACC_DTYPE)
+        val = dy[(*lead, *src, *tail)].astype(acc_t)
         if geo.divisor_override:
-            val = val / tvm.tirx.const(float(geo.divisor_override), ACC_DTYPE)
+            val = val / tvm.tirx.const(float(geo.divisor_override), acc_t)
         else:
             div = ah.count(src[0], geo.count_include_pad) * aw.count(src[1],
                                                                      geo.count_include_pad)
-            val = val / div.astype(ACC_DTYPE)
+            val = val / div.astype(acc_t)
         return tvm.tirx.Select(tvm.tirx.all(*conds), val, zero) if conds else val
 
     scaled_shape = (*geo.out_shape[:h_axis], ah.padded_size, aw.padded_size,
@@ -368,7 +376,7 @@ def _gather(scaled, h_axis: int, ah: PoolAxis, aw: PoolAxis):
     import tvm
     from tvm import te
 
-    zero = tvm.tirx.const(0, ACC_DTYPE)
+    zero = tvm.tirx.const(0, str(scaled.dtype))
     jh = te.reduce_axis((0, ah.n_taps), name="jh")
     jw = te.reduce_axis((0, aw.n_taps), name="jw")
 
@@ -390,7 +398,7 @@ def _output(geo: AvgPool2dGeometry, gather, phases: int, attrs: dict):
     from tvm import te
 
     if phases == 1:
-        if geo.dtype == ACC_DTYPE:
+        if geo.dtype == _acc_dtype(geo):
             return te.compute(geo.in_shape, gather, name="grad_input", tag=TAG, attrs=attrs)
         acc = te.compute(geo.in_shape, gather, name="grad_acc", tag=tag.stage(TAG, "acc"))
         return te.compute(geo.in_shape, lambda *idx: acc[idx].astype(geo.dtype),

@@ -30,7 +30,8 @@ grad_input (a strided dx visits ``ceil(k / step)`` taps, never zero-inserted row
 
 Tensors (all plain layouts)
 ---------------------------
-grad_output : ``(N, Cout, *out)``  NCL / NCHW / NCDHW, float32, float16 or bfloat16.
+grad_output : ``(N, Cout, *out)``  NCL / NCHW / NCDHW, float32, float16, bfloat16 or float64
+              (float64 accumulates in float64, not float32: for ``gradcheck``-grade results).
 input       : ``(N, Cin, *in)``    same rank; N or Cin may be 0 only in the numpy API.
 weight      : ``(Cout, Cin/groups, *k)``, or ``(Cin, Cout/groups, *k)`` when transposed.
 grad_input  : ``input.shape``,  dtype ``promote(input, grad_output)``.
@@ -126,9 +127,19 @@ AXIS_NAMES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
 INT32_MAX = 2**31 - 1
 
 
+FLOATS = (*SUPPORTED_FLOATS, "float64")  # float64: accumulated in float64 (gradcheck)
+
+
 def promote(a: str, b: str) -> str:
     """The higher-precision of two float dtypes (float16 with bfloat16 gives float32)."""
-    return a if a == b else "float32"
+    if a == b:
+        return a
+    return "float64" if "float64" in (a, b) else "float32"
+
+
+def acc_dtype(dtypes) -> str:
+    """The accumulation dtype: float64 when any tensor is float64, else float32."""
+    return "float64" if "float64" in dtypes else ACC_DTYPE
 
 
 def operand_rounding(dtype: str, cube_math_type: int) -> str | None:
@@ -167,6 +178,10 @@ class Plan:
     def out_dtypes(self) -> tuple[str, str, str]:
         go, x, w = self.dtypes
         return promote(x, go), promote(w, go), go
+
+    @property
+    def acc_dtype(self) -> str:
+        return acc_dtype(self.dtypes)
 
     @property
     def empty(self) -> bool:
@@ -220,9 +235,9 @@ def plan(grad_output_shape, grad_output_dtype, input_shape, input_dtype, weight_
     nd = len(w) - 2
     go = check_ints("grad_output.shape", grad_output_shape, len(w), lo=0, code=E_SHAPE)
     x = check_ints("input.shape", input_shape, len(w), lo=0, code=E_SHAPE)
-    dtypes = (check_dtype("grad_output.dtype", grad_output_dtype, SUPPORTED_FLOATS),
-              check_dtype("input.dtype", input_dtype, SUPPORTED_FLOATS),
-              check_dtype("weight.dtype", weight_dtype, SUPPORTED_FLOATS))
+    dtypes = (check_dtype("grad_output.dtype", grad_output_dtype, FLOATS),
+              check_dtype("input.dtype", input_dtype, FLOATS),
+              check_dtype("weight.dtype", weight_dtype, FLOATS))
     stride, pads, dil, opad = _check_spatial(nd, stride, padding, dilation, output_padding,
                                              transposed)
     _check_empty(go, x, w, transposed)
@@ -382,15 +397,14 @@ def _hf32(v):
     return tirx.reinterpret(ACC_DTYPE, tirx.Select(special, bits, rounded))
 
 
-def _operand(v, dtype: str, cube_math_type: int):
-    """A cube operand as the float32 the product sees (rounded per cube_math_type)."""
+def _operand(v, dtype: str, cube_math_type: int, acc: str = ACC_DTYPE):
+    """A cube operand as the ``acc`` value the product sees (rounded per cube_math_type)."""
     r = operand_rounding(dtype, cube_math_type)
-    f = v.astype(ACC_DTYPE)
     if r == "hf32":
-        return _hf32(f)
+        return _hf32(v.astype(ACC_DTYPE)).astype(acc)
     if r == "float16":
-        return f.astype("float16").astype(ACC_DTYPE)
-    return f
+        return v.astype(ACC_DTYPE).astype("float16").astype(acc)
+    return v.astype(acc)
 
 
 
@@ -402,7 +416,7 @@ def _all(conds):
     return tirx.all(*conds) if conds else None
 
 
-def _guard(cond, val, dtype=ACC_DTYPE):
+def _guard(cond, val, dtype: str):
     from tvm import te, tirx
 
     return val if cond is None else te.if_then_else(cond, val, tirx.const(0, dtype))
@@ -525,7 +539,7 @@ def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: int, name: str, stage
         ok = _all(conds)
         if ok is not None:  # clamp so the guarded-off read stays in bounds
             src = [te.max(te.min(s_, n_valid - 1), 0) for s_, n_valid in zip(src, valid)]
-        return _guard(ok, _operand(t[(b, c, *src)], dtype, cmt))
+        return _guard(ok, _operand(t[(b, c, *src)], dtype, cmt, p.acc_dtype), p.acc_dtype)
 
     return te.compute((p.input_shape[0], *sizes, channels), body, name=name,
                       tag=tag.stage(TAG, stage))
@@ -549,7 +563,7 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs):
               for kk, a in zip(k, axes)]
         ci = c if p.groups == 1 else c % cxg
         val = weight[(_group(p, c, cxg) * cyg + co, ci, *ks)]
-        return _guard(ok, _operand(val, w_dtype, cmt))
+        return _guard(ok, _operand(val, w_dtype, cmt, p.acc_dtype), p.acc_dtype)
 
     wa = te.compute((*(a.padded_kernel for a in axes), cyg, p.cx), wa_body, name="cb_w_adj",
                     tag=tag.stage(TAG, "w_adj"))
@@ -566,7 +580,7 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs):
             conds.append(cond)
         ch = rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco
         prod = yp[(b, *rows, ch)] * wa[(*ks, rco, c)]
-        return te.sum(_guard(_all(conds), prod), axis=[*jr, rco])
+        return te.sum(_guard(_all(conds), prod, p.acc_dtype), axis=[*jr, rco])
 
     acc = te.compute((p.input_shape[0], *(a.n_in for a in axes), p.cx), dx_body,
                      name="cb_dx_acc", tag=tag.stage(TAG, "dx_acc"))
@@ -580,7 +594,7 @@ def _grad_input_forward(p: Plan, xp, weight, attrs):
     axes, cxg, w_dtype, cmt = p.axes, p.cxg, str(weight.dtype), p.cube_math_type
     wf = te.compute((*(a.kernel for a in axes), cxg, p.cy),
                     lambda *idx: _operand(weight[(idx[-1], idx[-2], *idx[:-2])], w_dtype,
-                                          cmt),
+                                          cmt, p.acc_dtype),
                     name="cb_w_fwd", tag=tag.stage(TAG, "w_fwd"))
     kr = [te.reduce_axis((0, a.kernel), name=f"k{i}") for i, a in enumerate(axes)]
     rci = te.reduce_axis((0, cxg), name="ci")
@@ -637,7 +651,7 @@ def _grad_bias(p: Plan, grad_output, attrs):
     orr = [te.reduce_axis((0, d), name=f"bo{i}") for i, d in
            enumerate(p.grad_output_shape[2:])]
     db = te.compute((c_out,),
-                    lambda c: te.sum(grad_output[(rn, c, *orr)].astype(ACC_DTYPE),
+                    lambda c: te.sum(grad_output[(rn, c, *orr)].astype(p.acc_dtype),
                                      axis=[rn, *orr]),
                     name="cb_db_acc", tag=tag.stage(TAG, "db_acc"))
     return te.compute((c_out,), lambda c: db[c].astype(gb_dtype), name="grad_bias",

@@ -1,10 +1,12 @@
-"""``load``: a built kernel as a callable on numpy arrays, checked before it is trusted."""
+"""``load``: a built kernel as a callable on numpy arrays, torch or TVM tensors (zero copy),
+checked before it is trusted."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import json
+import math
 import os
 from pathlib import Path
 
@@ -14,12 +16,21 @@ import targets
 from dsl.errors import E_FILE, E_SHAPE, E_TYPE, E_VALUE, DslError, fail
 from dsl.ops.para_dict import check_kernel_name
 
+ALIGN = 64  # bytes: the generated code assumes every buffer starts on this boundary
+
 
 class Kernel:
-    """A loaded kernel. Call it with the inputs (and optionally the outputs) as numpy arrays.
+    """A loaded kernel. Call it with numpy arrays, torch tensors or TVM tensors.
 
-    ``kernel(*inputs)`` allocates the outputs and returns them (one array, or a tuple);
-    ``kernel(*inputs, *outputs)`` writes into the given output arrays and returns them.
+    ``kernel(*inputs)`` allocates the outputs (of the first input's kind: numpy, torch or TVM)
+    and returns them (one, or a tuple); ``kernel(*inputs, *outputs)`` or
+    ``kernel(*inputs, out=outputs)`` writes into the given outputs and returns them.
+
+    Zero copy: a C-contiguous, 64-byte aligned argument (what numpy, torch and TVM allocate)
+    passes to the kernel through DLPack as is, and results are written straight into the
+    given outputs. Only arguments the generated code cannot read in place are copied: strided,
+    misaligned or read-only arrays, numpy bfloat16 is viewed (not copied), an output that
+    overlaps an input is computed aside then copied in.
     """
 
     def __init__(self, meta: dict, module, func):
@@ -27,60 +38,235 @@ class Kernel:
         self.name = meta["name"]
         self.inputs = [t for t in meta["tensors"] if t["role"] == "input"]
         self.outputs = [t for t in meta["tensors"] if t["role"] == "output"]
+        # the kernel's argument order (inputs and outputs may interleave in the .json)
+        roles = [t["role"] == "input" for t in meta["tensors"]]
+        self._in_first = roles == sorted(roles, reverse=True)
+        self._shapes = {id(t): tuple(t["shape"]) for t in meta["tensors"]}
+        self._nbytes = {id(t): math.prod(t["shape"]) * _ITEMSIZE.get(t["dtype"], 8)
+                        for t in meta["tensors"]}
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{t['name']}{tuple(t['shape'])}:{t['dtype']}" for t in self.meta[
             "tensors"])
         return f"<dsl.Kernel {self.name}({sig})>"
 
-    def _check(self, i: int, spec: dict, a: object) -> np.ndarray:
-        if not isinstance(a, np.ndarray) or isinstance(a, np.ma.MaskedArray):
-            # a masked array's mask would be silently ignored: refuse it rather than guess
-            raise fail(E_TYPE, f"{self.name} argument {i} ({spec['name']})", type(a).__name__,
-                       "must be a plain numpy.ndarray")
-        if list(a.shape) != spec["shape"] and a.size == int(np.prod(spec["shape"])) and \
-                a.ndim == 1:
-            a = a.reshape(spec["shape"])  # flat buffers of the right size are accepted
-        if list(a.shape) != spec["shape"]:
-            raise fail(E_SHAPE, f"{self.name} argument {i} ({spec['name']}).shape", a.shape,
-                       f"must be {tuple(spec['shape'])}")
-        if str(a.dtype) != spec["dtype"]:
-            raise fail(E_TYPE, f"{self.name} argument {i} ({spec['name']}).dtype", str(a.dtype),
+    def _where(self, i: int, spec: dict) -> str:
+        return f"{self.name} argument {i} ({spec['name']})"
+
+    def _check_layout(self, i: int, spec: dict, a, shape, dtype: str):
+        """Shape and dtype of any supported array; a flat array of the right size is
+        reshaped (a view where the array allows one)."""
+        want = self._shapes[id(spec)]
+        if shape != want and len(shape) == 1 and shape[0] == math.prod(want):
+            a, shape = a.reshape(want), want  # flat buffers of the right size are accepted
+        if shape != want:
+            raise fail(E_SHAPE, f"{self._where(i, spec)}.shape", tuple(shape),
+                       f"must be {want}")
+        if dtype != spec["dtype"]:
+            raise fail(E_TYPE, f"{self._where(i, spec)}.dtype", dtype,
                        f"must be {spec['dtype']}")
         return a
 
-    def __call__(self, *arrays):
-        import tvm
+    def _check(self, i: int, spec: dict, a: object):
+        """``(array, kind)``: the checked argument and its kind ("numpy", "torch", "tvm")."""
+        if isinstance(a, np.ndarray):
+            if isinstance(a, np.ma.MaskedArray):
+                # a masked array's mask would be silently ignored: refuse it rather than guess
+                raise fail(E_TYPE, self._where(i, spec), type(a).__name__,
+                           "must be a plain numpy.ndarray (not masked), a torch.Tensor or a "
+                           "TVM tensor")
+            return self._check_layout(i, spec, a, a.shape, _np_name(a.dtype)), "numpy"
+        if type(a).__module__.startswith("torch") and hasattr(a, "data_ptr"):
+            if not a.is_cpu:
+                raise fail(E_TYPE, f"{self._where(i, spec)}.device", str(a.device),
+                           "must be the CPU: the kernels run on the host")
+            return self._check_layout(i, spec, a, tuple(a.shape), str(a.dtype)[6:]), "torch"
+        import tvm_ffi
 
+        if isinstance(a, tvm_ffi.Tensor):
+            return self._check_layout(i, spec, a, tuple(a.shape), str(a.dtype)), "tvm"
+        raise fail(E_TYPE, self._where(i, spec), type(a).__name__,
+                   "must be a numpy.ndarray, a torch.Tensor or a TVM tensor")
+
+    def __call__(self, *arrays, out=None):
         n_in, n_all = len(self.inputs), len(self.meta["tensors"])
-        if len(arrays) not in (n_in, n_all):
+        if out is not None:
+            outs_given = (out,) if len(self.outputs) == 1 and not isinstance(
+                out, (tuple, list)) else tuple(out)
+            if len(arrays) != n_in or len(outs_given) != len(self.outputs):
+                raise fail(E_VALUE, f"{self.name}(..., out=...)", len(arrays),
+                           f"takes {n_in} inputs and out= {len(self.outputs)} outputs")
+            arrays = (*arrays, *outs_given)
+        elif len(arrays) not in (n_in, n_all):
             raise fail(E_VALUE, f"{self.name}(...)", len(arrays),
-                       f"takes {n_in} inputs, or {n_all} arrays (inputs then outputs)")
+                       f"takes {n_in} inputs, or {n_all} arrays (inputs then outputs), or "
+                       "inputs and out=")
         ins = [self._check(i, s, a) for i, (s, a) in enumerate(zip(self.inputs, arrays))]
         if len(arrays) == n_all:
             outs = [self._check(n_in + i, s, a) for i, (s, a) in
                     enumerate(zip(self.outputs, arrays[n_in:]))]
-            for i, o in enumerate(outs):
-                if not o.flags.writeable:
+            for i, (o, kind) in enumerate(outs):
+                if kind == "numpy" and not o.flags.writeable:
                     raise fail(E_VALUE, f"{self.name} output {i}", "read-only array",
                                "must be writeable")
         else:
-            outs = [np.empty(s["shape"], dtype=s["dtype"]) for s in self.outputs]
-        dev = tvm.cpu()
-        tin = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in ins]
-        tout = [tvm.runtime.tensor(np.empty(s["shape"], s["dtype"]), dev) for s in self.outputs]
-        by_role = iter(tin), iter(tout)
-        args = [next(by_role[0] if t["role"] == "input" else by_role[1])
-                for t in self.meta["tensors"]]
+            kind = ins[0][1] if ins else "numpy"
+            outs = [(_empty(s["shape"], s["dtype"], kind), kind) for s in self.outputs]
+        tin = [_kernel_input(a, kind) for a, kind in ins]
+        spans = [_span(t, self._nbytes[id(s)]) for t, s in zip(tin, self.inputs)]
+        tout, writeback = [], []
+        for (o, kind), s in zip(outs, self.outputs):
+            arg = _kernel_output(o, kind, spans, self._nbytes[id(s)])
+            if arg is None:  # not writable in place: compute aside, copy in afterwards
+                arg = _empty(o.shape, self._dtype_of(o, kind), "tvm")
+                writeback.append((o, kind, arg))
+            tout.append(arg)
+        self._run(tin, tout)
+        for o, kind, arg in writeback:
+            _copy_into(o, kind, arg)
+        res = [o for o, _ in outs]
+        if out is not None:
+            return out
+        return res[0] if len(res) == 1 else tuple(res)
+
+    @staticmethod
+    def _dtype_of(o, kind: str) -> str:
+        return str(o.dtype)[6:] if kind == "torch" else str(o.dtype)
+
+    def _run(self, tin: list, tout: list) -> None:
+        if self._in_first:
+            args = [*tin, *tout]
+        else:
+            by_role = iter(tin), iter(tout)
+            args = [next(by_role[0] if t["role"] == "input" else by_role[1])
+                    for t in self.meta["tensors"]]
         try:
             self.func(*args)
         except Exception as exc:  # noqa: BLE001 - arguments already match the .json
             raise fail(E_FILE, f"{self.name}(...)", str(exc).splitlines()[0][:200],
                        "the library refused arguments that match its .json (the .json was "
                        "edited, or the run failed, e.g. out of memory); rebuild it") from exc
-        for o, t in zip(outs, tout):
-            o[...] = t.numpy()
-        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# --- argument conversion (zero copy where the generated code can read the memory as is) ---
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int8": 1, "uint8": 1,
+             "int16": 2, "uint16": 2, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8}
+_NP_NAMES: dict = {}  # numpy dtype -> name: str(dtype) costs microseconds on every call
+
+
+def _np_name(dtype) -> str:
+    name = _NP_NAMES.get(dtype)
+    if name is None:
+        name = _NP_NAMES[dtype] = str(dtype)
+    return name
+
+
+def _span(t, nbytes: int) -> tuple[int, int]:
+    """``(first byte, end byte)`` of a C-contiguous kernel argument (TVM or torch tensor)."""
+    ptr = t.data_ptr()
+    return ptr, ptr + nbytes
+
+
+def _empty(shape, dtype: str, kind: str):
+    """An uninitialised C-contiguous, 64-byte aligned array of ``kind``."""
+    if kind == "torch":
+        import torch
+
+        return torch.empty(tuple(shape), dtype=getattr(torch, dtype))  # torch aligns to 64
+    if kind == "tvm":
+        import tvm
+
+        return tvm.runtime.empty(tuple(shape), dtype, tvm.cpu())
+    dt = _np_dtype(dtype)
+    nbytes = math.prod(shape) * dt.itemsize
+    buf = np.empty(nbytes + ALIGN, np.uint8)
+    off = -buf.ctypes.data % ALIGN
+    return buf[off:off + nbytes].view(dt).reshape(shape)
+
+
+def _np_dtype(dtype: str) -> np.dtype:
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(dtype)
+
+
+def _numpy_view(a: np.ndarray):
+    """A C-contiguous writeable numpy array as a TVM tensor on the same memory (DLPack;
+    bfloat16, which numpy cannot export, through a uint16 view retyped on the TVM side)."""
+    import tvm_ffi
+
+    if a.dtype.kind == "V" or _np_name(a.dtype) == "bfloat16":
+        return tvm_ffi.from_dlpack(a.view(np.uint16))._create_view(a.shape, "bfloat16")
+    return tvm_ffi.from_dlpack(a)
+
+
+def _aligned(t) -> bool:
+    return t.data_ptr() % ALIGN == 0
+
+
+def _kernel_input(a, kind: str):
+    """``a`` as a kernel argument: itself (torch, TVM) or a TVM view (numpy) when the
+    generated code can read it in place (C-contiguous, 64-byte aligned), else a copy."""
+    if kind == "numpy":
+        if a.flags.c_contiguous and a.flags.writeable:  # DLPack cannot export read-only
+            t = _numpy_view(a)
+            if _aligned(t):
+                return t
+        b = _empty(a.shape, _np_name(a.dtype), "numpy")
+        np.copyto(b, a)
+        return _numpy_view(b)
+    if kind == "torch":
+        if a.requires_grad:
+            a = a.detach()
+        if a.is_contiguous() and _aligned(a) and not a.is_conj() and not a.is_neg():
+            return a
+        b = _empty(a.shape, str(a.dtype)[6:], "torch")
+        b.copy_(a)
+        return b
+    if a.is_contiguous() and _aligned(a):
+        return a
+    b = _empty(tuple(a.shape), str(a.dtype), "tvm")
+    b.copyfrom(a.numpy())
+    return b
+
+
+def _kernel_output(o, kind: str, spans: list, nbytes: int):
+    """``o`` as the kernel's output argument, or None when it must be written afterwards
+    (not C-contiguous and aligned, or overlapping an input the kernel still reads)."""
+    if kind == "numpy":
+        if not o.flags.c_contiguous:
+            return None
+        t = _numpy_view(o)
+    elif kind == "torch":
+        if not o.is_contiguous() or o.is_conj() or o.is_neg():
+            return None
+        t = o.detach() if o.requires_grad else o
+    else:
+        if not o.is_contiguous():
+            return None
+        t = o
+    if not _aligned(t):
+        return None
+    lo, hi = _span(t, nbytes)
+    for a_lo, a_hi in spans:
+        if lo < a_hi and a_lo < hi:
+            return None
+    return t
+
+
+def _copy_into(o, kind: str, tmp) -> None:
+    if kind == "numpy":
+        o[...] = tmp.numpy()
+    elif kind == "torch":
+        import torch
+
+        with torch.no_grad():
+            o.copy_(torch.from_dlpack(tmp))
+    else:
+        o.copyfrom(tmp.numpy())
 
 
 def _check_tensor_entry(t: object) -> None:

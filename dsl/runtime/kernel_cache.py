@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,7 @@ _max = os.environ.get("DSL_KERNEL_CACHE_MAX", "")
 MAX_KERNELS = int(_max) if _max.isdigit() else 256  # a malformed value must not break import
 _LOCK = threading.Lock()
 STATS = {"hits": 0, "builds": 0}
+LOG = logging.getLogger("dsl")
 
 
 def cache_root() -> Path:
@@ -65,6 +68,7 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
             STATS["hits"] += 1
             _MEMORY.move_to_end(key)
             return kernel
+        start = time.perf_counter()
         inputs, outputs = make()
         sch = auto_schedule(outputs, target=tgt)
         name = f"{prefix}_{key[:24]}"
@@ -72,6 +76,8 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
         build(sch, {"name": name, "tensor_list": [*inputs, *outputs],
                     "kernel_meta_parent_dir": str(root)})
         kernel = load(name, root)
+        LOG.info("kernel %s ready for %s in %.2f s (%s)", name, signature.get("op"),
+                 time.perf_counter() - start, root / "kernel_meta")
         STATS["builds"] += 1
         _MEMORY[key] = kernel
         while len(_MEMORY) > max(1, MAX_KERNELS):

@@ -91,7 +91,8 @@ for cid, over, code, param in (
         ("go-rank3", {"grad_output": f32(1, 4, 5)}, E_SHAPE, "grad_output.shape"),
         ("go-ho", {"grad_output": f32(1, 4, 6, 5)}, E_GEOMETRY_IN, "grad_output H"),
         ("go-channels", {"grad_output": f32(1, 3, 5, 5)}, E_CHANNEL, "grad_output.shape[1]"),
-        ("go-float64", {"grad_output": np.ones((1, 4, 5, 5))}, E_DTYPE, "grad_output.dtype"),
+        ("go-complex", {"grad_output": np.ones((1, 4, 5, 5), "complex64")}, E_DTYPE,
+         "grad_output.dtype"),  # float64 is accepted (accumulated in float64, for gradcheck)
         ("go-int32", {"grad_output": np.ones((1, 4, 5, 5), "int32")}, E_DTYPE,
          "grad_output.dtype"),
         ("go-list", {"grad_output": [[1.0]]}, E_TYPE, "grad_output"),

@@ -14,7 +14,9 @@ def __getattr__(name: str):
     import importlib
 
     modules = {"convolution_backward": "dsl.api.aclnn.convolution",
-               "avg_pool2d_backward": "dsl.api.aclnn.avg_pool"}
+               "convolution_backward_kernel": "dsl.api.aclnn.convolution",
+               "avg_pool2d_backward": "dsl.api.aclnn.avg_pool",
+               "avg_pool2d_backward_kernel": "dsl.api.aclnn.avg_pool"}
     if name in modules:
         return getattr(importlib.import_module(modules[name]), name)
     raise AttributeError(f"module 'dsl.api.aclnn' has no attribute {name!r}")

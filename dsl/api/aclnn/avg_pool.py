@@ -46,15 +46,29 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
     dsl.DslError
         Before anything is built, for any argument the operator refuses.
     """
+    dy = _array("grad_output", grad_output)
+    x = _array("self", self)
+    kernel = avg_pool2d_backward_kernel(dy.shape, str(dy.dtype), x.shape, str(x.dtype),
+                                        kernel_size, stride, padding, ceil_mode,
+                                        count_include_pad, divisor_override, cube_math_type,
+                                        target=target)
+    return kernel(dy)
+
+
+def avg_pool2d_backward_kernel(grad_output_shape, grad_output_dtype, self_shape, self_dtype,
+                               kernel_size, stride, padding, ceil_mode, count_include_pad,
+                               divisor_override, cube_math_type=0, *, target=None):
+    """The cached kernel of :func:`avg_pool2d_backward` for a signature, from shapes and dtypes
+    alone: ``kernel(grad_output, out=grad_input)`` on numpy arrays or torch / TVM tensors,
+    without copying (``dsl.pytorch`` calls it so)."""
     from dsl.ops.avg_pool2d_backward import avg_pool2d_backward as te_op
     from dsl.ops.avg_pool2d_backward import check_avg_pool2d_backward
     from dsl.runtime.kernel_cache import get_kernel
 
-    dy = _array("grad_output", grad_output)
-    x = _array("self", self)
-    geo = check_avg_pool2d_backward(dy.shape, str(dy.dtype), x.shape, str(x.dtype),
-                                    kernel_size, stride, padding, ceil_mode,
-                                    count_include_pad, divisor_override, cube_math_type)
+    geo = check_avg_pool2d_backward(tuple(grad_output_shape), str(grad_output_dtype),
+                                    tuple(self_shape), str(self_dtype), kernel_size, stride,
+                                    padding, ceil_mode, count_include_pad, divisor_override,
+                                    cube_math_type)
 
     def make():
         from tvm import te
@@ -66,6 +80,5 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
         return [dy_t], [dx_t]  # self's values are never read, so it is no kernel argument
 
     # cube_math_type is checked above but does not change the kernel, so it is not keyed.
-    kernel = get_kernel({"op": "aclnnAvgPool2dBackward", **geo.as_json()}, make,
-                        prefix=PREFIX, target=target)
-    return kernel(np.ascontiguousarray(dy))
+    return get_kernel({"op": "aclnnAvgPool2dBackward", **geo.as_json()}, make,
+                      prefix=PREFIX, target=target)

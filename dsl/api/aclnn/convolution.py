@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from dsl.errors import check_ndarray
-from dsl.ops.convolution_backward import ACC_DTYPE, TAG, Plan, plan
+from dsl.ops.convolution_backward import TAG, Plan, plan
 
 
 def _dtype_name(param: str, a: object) -> str:
@@ -40,7 +40,8 @@ def _empty_result(p: Plan, grad_output: np.ndarray):
     gb = None
     if p.output_mask[2]:
         axes = (0, *range(2, grad_output.ndim))
-        gb = grad_output.astype(np.float32).sum(axis=axes, dtype=np.float32).astype(gb_dt)
+        acc = np.dtype(p.acc_dtype)
+        gb = grad_output.astype(acc).sum(axis=axes, dtype=acc).astype(gb_dt)
     return gi, gw, gb
 
 
@@ -67,17 +68,52 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
         ``(grad_input, grad_weight, grad_bias)`` numpy arrays, None where ``output_mask`` is
         False. Calls with empty inputs are answered on the host without compiling.
     """
-    from dsl.runtime import kernel_cache
-
     dts = [_dtype_name(n, a) for n, a in
            (("grad_output", grad_output), ("input", input), ("weight", weight))]
-    p = plan(grad_output.shape, dts[0], input.shape, dts[1], weight.shape, dts[2], bias_sizes,
-             stride, padding, dilation, transposed, output_padding, groups, output_mask,
-             cube_math_type)
+    p, kernel = convolution_backward_kernel(
+        grad_output.shape, dts[0], input.shape, dts[1], weight.shape, dts[2], bias_sizes, stride,
+        padding, dilation, transposed, output_padding, groups, output_mask, cube_math_type,
+        target=target)
     if not any(p.output_mask):
         return None, None, None
     if p.empty:
         return _empty_result(p, grad_output)
+    arrays = {"grad_output": grad_output, "input": input, "weight": weight}
+    res = kernel(*(arrays[t["name"]] for t in kernel.inputs))
+    res = list(res) if isinstance(res, tuple) else [res]
+    out = []
+    for m in p.output_mask:
+        out.append(res.pop(0) if m else None)
+    return tuple(out)
+
+
+def convolution_backward_kernel(grad_output_shape, grad_output_dtype, input_shape, input_dtype,
+                                weight_shape, weight_dtype, bias_sizes, stride, padding,
+                                dilation, transposed, output_padding, groups, output_mask,
+                                cube_math_type=0, *, target=None):
+    """The checked call and its cached kernel, from shapes and dtypes alone.
+
+    The executor half of :func:`convolution_backward` for callers that hold their own buffers
+    (``dsl.pytorch``): ``kernel(*inputs, out=outputs)`` runs it on numpy arrays or torch /
+    TVM tensors without copying. ``kernel.inputs`` names the inputs it reads (a subset of
+    ``grad_output``, ``input``, ``weight``, in that order); its outputs are the masked
+    gradients in ``(grad_input, grad_weight, grad_bias)`` order.
+
+    Returns
+    -------
+    tuple
+        ``(plan, kernel)``: :class:`dsl.ops.convolution_backward.Plan` (output dtypes:
+        ``plan.out_dtypes``) and the :class:`dsl.Kernel`, None when nothing is computed
+        (an all-False mask, or an empty input: see :func:`convolution_backward`).
+    """
+    from dsl.runtime import kernel_cache
+
+    p = plan(tuple(grad_output_shape), grad_output_dtype, tuple(input_shape), input_dtype,
+             tuple(weight_shape), weight_dtype, bias_sizes, stride, padding, dilation,
+             transposed, output_padding, groups, output_mask, cube_math_type)
+    if not any(p.output_mask) or p.empty:
+        return p, None
+    dts = p.dtypes
 
     def make():
         from tvm import te
@@ -96,12 +132,5 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
         used.sort(key=lambda t: order[t.op.name])
         return used, outs
 
-    signature = {"op": TAG, "plan": p.as_json(), "acc": ACC_DTYPE}
-    kernel = kernel_cache.get_kernel(signature, make, prefix="aclnn_conv_bwd", target=target)
-    arrays = {"grad_output": grad_output, "input": input, "weight": weight}
-    res = kernel(*(arrays[t["name"]] for t in kernel.inputs))
-    res = list(res) if isinstance(res, tuple) else [res]
-    out = []
-    for m in p.output_mask:
-        out.append(res.pop(0) if m else None)
-    return tuple(out)
+    signature = {"op": TAG, "plan": p.as_json(), "acc": p.acc_dtype}
+    return p, kernel_cache.get_kernel(signature, make, prefix="aclnn_conv_bwd", target=target)

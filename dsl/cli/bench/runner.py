@@ -38,6 +38,8 @@ def _parse(argv):
                         "worker threads (TVM pool, OpenMP) park first")
     output.add_json_arg(p)
     p.add_argument("--no-peer", action="store_true", help="skip PyTorch")
+    p.add_argument("--plot", default=None, metavar="FILE.png",
+                   help="draw ours vs PyTorch GFLOP/s per workload (needs matplotlib)")
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
@@ -281,6 +283,10 @@ def main(argv=None) -> int:
     output.write_json({"machine": info, "repeat": args.repeat, "min_time": args.min_time,
                        "settle": args.settle, "argv": list(argv or []),
                        "rows": rows, "summary": summ}, args.json)
+    if args.plot:
+        from dsl.cli.bench.plot import plot_rows
+
+        print(f"wrote {plot_rows(rows, args.plot, info)}", file=table)
     return 1 if any(r.get("error") for r in rows) else 0
 
 

@@ -240,7 +240,7 @@ BAD = [  # (name, changes, code, param fragment)
     ("cube_neg", {"cube": -1}, "E60011", "cube_math_type"),
     ("fp16_bf16_cube2", {"dtype": "bfloat16", "cube": 2}, "E60012", "cube_math_type"),
     ("hf32_fp16", {"dtype": "float16", "cube": 3}, "E60012", "cube_math_type"),
-    ("float64", {"dtype": np.float64}, "E60006", "self.dtype"),
+    ("int32", {"dtype": np.int32}, "E60006", "self.dtype"),
     ("dtype_mismatch", {"dy_dtype": np.float16}, "E65002", "grad_output.dtype"),
     ("rank2", {"x": (8, 8), "dy": (4, 4)}, "E60003", "self.shape"),
     ("empty", {"x": (1, 0, 8, 8)}, "E60003", "self.shape"),

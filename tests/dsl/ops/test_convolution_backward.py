@@ -30,7 +30,7 @@ BAD = [  # (overrides, code, param fragment)
     ({"w": (6, 2)}, "E60003", "weight.shape"),
     ({"w": (6, 2, 3, 3, 3, 3)}, "E60003", "weight.shape"),
     ({"x": (2, 4, 7, 7)}, "E60003", "input.shape"),
-    ({"dtypes": ("float32", "float64", "float32")}, "E60006", "input.dtype"),
+    ({"dtypes": ("float32", "int32", "float32")}, "E60006", "input.dtype"),
     ({"dtypes": ("int8", "float32", "float32")}, "E60006", "grad_output.dtype"),
     ({"stride": (1, 1)}, "E60003", "stride"),
     ({"stride": (0,)}, "E60011", "stride[0]"),
