@@ -40,9 +40,12 @@ def test_operator_stages_are_attributed_to_the_operator_rule():
     out = nchw_to_5hd_compute(x)
     sch = dsl.auto_schedule(out)
     why = dsl.explain(sch)
-    assert why.rule == sch.rule_name != "schedules.generic.schedule_generic"
-    for stage, rule, _ in why.stages:
-        assert rule == sch.rule_name, (stage, rule)
+    assert why.rule == sch.rule_name == "schedules.layout.schedule_layout_x86"
+    from schedules.layout import RULE
+
+    # every stage is scheduled by the layout rule (named by its label), none by a pattern
+    assert why.stages and all(rule == RULE for _, rule, _ in why.stages), why.stages
+    assert not why.fell_to_generic()
 
 
 def _reversed_dot():
