@@ -65,7 +65,7 @@ from dsl.ops.para_dict import Conv2dPara, parse_conv2d_para
 
 TAG = tag.CONV2D_BACKPROP_FILTER
 ACC_DTYPE = "float32"
-DTYPES = ("float16", "float32")  # of input_x and out_backprop (one dtype for both)
+DTYPES = ("float16", "float32", "bfloat16")  # of input_x and out_backprop (one dtype for both)
 
 
 def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
@@ -174,14 +174,14 @@ def plan(input_x, out_backprop, filter_sizes, para_dict) -> Plan:
 
 def accumulation_dtype(dtype: str) -> str:
     """The dtype the stages convert the inputs to and accumulate in, for an input ``dtype``
-    (of :data:`DTYPES`): float32 for float16 and float32 inputs."""
+    (of :data:`DTYPES`): float32 for float16, bfloat16 and float32 inputs."""
     return ACC_DTYPE
 
 
 def _check_dtypes(input_x, out_backprop) -> str:
     dtype = str(input_x.dtype)
     if dtype not in DTYPES:
-        raise fail(E_DTYPE, "input_x.dtype", dtype, "must be float16 or float32")
+        raise fail(E_DTYPE, "input_x.dtype", dtype, f"must be one of {', '.join(DTYPES)}")
     if str(out_backprop.dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "out_backprop.dtype", str(out_backprop.dtype),
                    f"must equal input_x.dtype={dtype}")

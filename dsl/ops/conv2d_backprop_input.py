@@ -73,7 +73,8 @@ from dsl.ops.para_dict import Conv2dPara, check_offset_x, parse_conv2d_para
 
 TAG = tag.CONV2D_BACKPROP_INPUT
 ACC_DTYPE = "float32"
-DTYPES = ("float16", "float32")  # of filters and out_backprop (one dtype for both)
+DTYPES = ("float16", "float32", "bfloat16")  # of filters and out_backprop (one dtype for both)
+RES_DTYPES = ("float16", "float32", "bfloat16")
 
 
 def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para_dict):
@@ -191,7 +192,7 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
 
 
 def _check_para(para_dict) -> Conv2dPara:
-    para = parse_conv2d_para(para_dict, op=TAG, default_res_dtype="float16",
+    para = parse_conv2d_para(para_dict, op=TAG, default_res_dtype="float16", res_dtypes=RES_DTYPES,
                              allowed=("offset_x", "offset_w", "group_dict", "groups"))
     check_offset_x(para_dict.get("offset_x", 0))
     if para_dict.get("offset_w") is not None:
@@ -202,14 +203,14 @@ def _check_para(para_dict) -> Conv2dPara:
 
 def accumulation_dtype(dtype: str) -> str:
     """The dtype the stages convert the inputs to and accumulate in, for an input ``dtype``
-    (of :data:`DTYPES`): float32 for float16 and float32 inputs."""
+    (of :data:`DTYPES`): float32 for float16, bfloat16 and float32 inputs."""
     return ACC_DTYPE
 
 
 def _check_dtypes(filters, out_backprop) -> str:
     dtype = str(out_backprop.dtype)
     if dtype not in DTYPES:
-        raise fail(E_DTYPE, "out_backprop.dtype", dtype, "must be float16 or float32")
+        raise fail(E_DTYPE, "out_backprop.dtype", dtype, f"must be one of {', '.join(DTYPES)}")
     if str(filters.dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "filters.dtype", str(filters.dtype),
                    f"must equal out_backprop.dtype={dtype}")
