@@ -272,6 +272,33 @@ def dy_stage(p: Plan, out_backprop):
                       name="dw_dy_group", tag=tag.stage(TAG, "dy_group"))
 
 
+def _real_x(p: Plan, rh, rw, k_h, k_w):
+    """The condition that ``(ho, wo)`` at tap ``(kh, kw)`` reads a real x element, not x_pad's
+    padding; None when no read of this layer reaches the padding. The reductions skip padded
+    reads by it (a select of dy, which is broadcast or loaded once per step) instead of
+    multiplying the padding's zeros in, so a NaN / Inf in dy reaches exactly the dw taps the
+    math pairs it with (0 * Inf is NaN)."""
+    import tvm
+
+    conds = []
+    for ax, o, k in ((p.ah, rh, k_h), (p.aw, rw, k_w)):
+        last = (ax.n_out - 1) * ax.stride + (ax.kernel - 1) * ax.dilation
+        if ax.pad_before:
+            conds.append(o * ax.stride + k * ax.dilation >= ax.pad_before)
+        if last >= ax.pad_before + ax.n_in:
+            conds.append(o * ax.stride + k * ax.dilation < ax.pad_before + ax.n_in)
+    return tvm.tirx.all(*conds) if conds else None
+
+
+def _skip_padding(p: Plan, dy, real):
+    import tvm
+    from tvm import te
+
+    if real is None:
+        return dy
+    return te.if_then_else(real, dy, tvm.tirx.const(0, p.acc_dtype))
+
+
 def _reduce_axes(p: Plan):
     """The reduction ``(n, ho, wo)`` of the GEMM."""
     from tvm import te
@@ -294,6 +321,7 @@ def _acc_cin_lanes(p: Plan, xp, dyv):
             dy = dyv[rn, cx1, rh, rw, co, cx0]
         xv = xp[rn, cx1, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation,
                 cx0]
+        dy = _skip_padding(p, dy, _real_x(p, rh, rw, k_h, k_w))
         return te.sum(dy * xv, axis=[rn, rh, rw])
 
     return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",
@@ -311,6 +339,7 @@ def _acc_cout_lanes(p: Plan, xq, dy32):
     def acc_t_body(cy1, k_h, k_w, ci, cy0):
         xv = xq[rn, ci, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation]
         dyv = dy32[rn, cy1, rh, rw, cy0].astype(p.acc_dtype)
+        dyv = _skip_padding(p, dyv, _real_x(p, rh, rw, k_h, k_w))
         return te.sum(dyv * xv, axis=[rn, rh, rw])
 
     return te.compute((p.c1y, p.lay.kh, p.lay.kw, p.cin, C0), acc_t_body, name="dw_acc_t",

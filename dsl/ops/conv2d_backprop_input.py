@@ -424,7 +424,9 @@ def weight_stage(p: Plan, filters):
 
 def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
     """``acc`` of the dx positions ``(q_h*sh + ph, q_w*sw + pw)``: every tap index is affine
-    in ``q`` and the reduction step ``(jh, jw)``."""
+    in ``q`` and the reduction step ``(jh, jw)``. Returns ``(acc, border, lo, hi)``: columns
+    ``q_w < lo`` or ``>= hi`` are read from ``border`` (``dx_acc_border*``, columns
+    ``[0, lo)`` then ``[hi, Wq)``) when it is not None."""
     from tvm import te
 
     (nq_h, k0_h, nt_h, c_h), (nq_w, k0_w, nt_w, c_w) = p.phases_h[ph], p.phases_w[pw]
@@ -439,13 +441,53 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
                 k0_h + jh * st_h, k0_w + jw * st_w)
 
     suffix = "" if len(p.phases_h) * len(p.phases_w) == 1 else f"_{ph}_{pw}"
+    guard_h = _guard(p, p.ah, p.phases_h[ph], p.pad_h)
+    guard_w = _guard(p, p.aw, p.phases_w[pw], p.pad_w)
+    args = (p, dyp, wt, tap, (jh, jw))
     if p.positions:
-        return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
-    return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
+        return _acc_positions(*args, (nq_h, nq_w), suffix, (guard_h, guard_w)), None, 0, nq_w
+    if guard_w is None:
+        return _acc_lanes(*args, (nq_h, nq_w), suffix, (guard_h, None)), None, 0, nq_w
+    # W border: only the first `lo` and the last `nq_w - hi` columns have taps that reach the
+    # padding; they get their own small guarded block, the rest stays unguarded along W
+    lo, hi = guard_w[1], guard_w[2]
+    main = _acc_lanes(*args, (nq_h, nq_w), suffix, (guard_h, None))
+    border = _acc_lanes(*args, (nq_h, lo + nq_w - hi), "_border" + suffix, (guard_h, guard_w),
+                        cols=lambda k: k if hi == lo else te.if_then_else(k < lo, k, k + hi - lo))
+    return main, border, lo, hi
 
 
-def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
-    """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``."""
+def _guard(p: Plan, ax, phase, pad: int):
+    """``(real, lo, hi)`` of one axis of a phase, or None when no listed tap of it reaches
+    dy_pad's padding. ``real(row, j)`` is the condition that tap ``j`` of position ``q`` reads
+    a real dy row ``row`` (padded index); positions ``lo <= q < hi`` never read padding.
+
+    Float reductions skip the padding by these conditions (a select of the weight, so a
+    NaN / Inf weight reaches exactly the dx positions whose taps meet real dy: 0 * Inf is
+    NaN) instead of multiplying its zeros in. int8 reads the padding on purpose (it is
+    ``offset_x``, see :func:`_padded_dy`)."""
+    count, _, taps, c = phase
+    if p.qlay is not None or not taps:
+        return None
+    dr = ax.tap_step * ax.dilation // ax.stride
+    # position q reads rows q + c - j*dr (unpadded), j < taps; positions may compute extra
+    # columns up to the padded size (never picked)
+    last = (p.size_w - pad if p.positions and ax is p.aw else count) - 1
+    if c - (taps - 1) * dr >= 0 and last + c <= ax.n_out - 1:
+        return None
+    lo = min(count, max(0, (taps - 1) * dr - c))
+    hi = max(lo, min(count, ax.n_out - c))
+
+    def real(row):
+        return (row >= pad) & (row < pad + ax.n_out)
+
+    return real, lo, hi
+
+
+def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, guards, cols=None):
+    """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``; ``cols`` maps a column of the
+    block to the phase's position (a W-border block)."""
+    import tvm
     from tvm import te
 
     if p.lay.dense:
@@ -456,7 +498,8 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
         rco = te.reduce_axis((0, p.lay.cout_g), name="co")
         red = [*jhw, rco]
 
-    def body(b, cx1, qh, qw, cx0):
+    def body(b, cx1, qh, k, cx0):
+        qw = cols(k) if cols is not None else k
         row_h, row_w, k_h, k_w = tap(qh, qw)
         if p.lay.dense:
             dyv = dyp[b, rco1, row_h, row_w, rco0]
@@ -464,21 +507,29 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
         else:
             dyv = dyp[b, cx1, row_h, row_w, rco, cx0]
             wv = wt[cx1, k_h, k_w, rco, cx0]
+        conds = [g[0](r) for g, r in zip(guards, (row_h, row_w)) if g is not None]
+        if conds:  # the weight, not the product: one select per loaded weight vector
+            wv = te.if_then_else(tvm.tirx.all(*conds), wv, tvm.tirx.const(0, p.acc_dtype))
         return te.sum(dyv * wv, axis=red)
 
     return te.compute((p.n, p.c1x, *nq, C0), body, name=f"dx_acc{suffix}",
                       tag=tag.stage(TAG, "acc"))
 
 
-def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
+def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, guards):
     """W positions in the lanes: ``dx_acc_w* [N, Cin, Hq, Wq']``, ``Wq`` rounded up to 16."""
+    import tvm
     from tvm import te
 
     rco = te.reduce_axis((0, p.cout), name="co")
 
     def body_p(b, ci, qh, qw):
         row_h, row_w, k_h, k_w = tap(qh, qw)
-        return te.sum(dyp[b, rco, row_h, row_w] * wt[ci, k_h, k_w, rco], axis=[rco, *jhw])
+        wv = wt[ci, k_h, k_w, rco]
+        conds = [g[0](r) for g, r in zip(guards, (row_h, row_w)) if g is not None]
+        if conds:  # W positions are the lanes: a select per lane
+            wv = te.if_then_else(tvm.tirx.all(*conds), wv, tvm.tirx.const(0, p.acc_dtype))
+        return te.sum(dyp[b, rco, row_h, row_w] * wv, axis=[rco, *jhw])
 
     return te.compute((p.n, p.cin, nq[0], ceil_div(nq[1], C0) * C0), body_p,
                       name=f"dx_acc_w{suffix}", tag=tag.stage(TAG, "acc"))
@@ -503,7 +554,8 @@ def wsum_stage(p: Plan, wt):
 
 
 def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
-    """The anchor ``dx``: the phases interleaved, plus ``offset_x * wsum`` (int8), pad
+    """The anchor ``dx``: the phases interleaved (``accs[(ph, pw)]`` is :func:`phase_acc`'s
+    ``(acc, border, lo, hi)``), plus ``offset_x * wsum`` (int8), pad
     channels zeroed, cast to res_dtype."""
     import tvm
     from tvm import te
@@ -513,7 +565,7 @@ def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
     def out_body(b, cx1, i, j, cx0):
         sh, sw = len(p.phases_h), len(p.phases_w)
         val = zero
-        for (ph, pw), acc in accs.items():
+        for (ph, pw), (acc, border, lo, hi) in accs.items():
             # clamped: a vectorised select may evaluate both arms
             qh = te.min(i // sh, p.phases_h[ph][0] - 1) if sh > 1 else i
             qw = te.min(j // sw, p.phases_w[pw][0] - 1) if sw > 1 else j
@@ -521,6 +573,11 @@ def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
                 pick = acc[b, te.min(cx1 * C0 + cx0, p.cin - 1), qh, qw]
             else:
                 pick = acc[b, cx1, qh, qw, cx0]
+            if border is not None:  # the W-border columns come from their guarded block
+                k = te.max(te.min(te.if_then_else(qw < lo, qw, qw - (hi - lo)),
+                                  int(border.shape[3]) - 1), 0)
+                pick = te.if_then_else(tvm.tirx.any(qw < lo, qw >= hi),
+                                       border[b, cx1, qh, k, cx0], pick)
             conds = ([i % sh == ph] if sh > 1 else []) + ([j % sw == pw] if sw > 1 else [])
             val = te.if_then_else(tvm.tirx.all(*conds), pick, val) if conds else pick
         if wsum is not None:
