@@ -52,7 +52,7 @@ multiplication by zero taps), so strided dx does exactly the forward's multiply-
     along W instead: ``dx_acc_w*`` ``[N, Cin, Hq, Wq']`` (``Wq`` rounded up to 16), reading
     dy_pad as ``[N, Cout, Hp, Wp]`` and the weight stage as ``[Cin, KH, KW, Cout]``.
     A phase whose first / last rows (columns) have taps in the padding computes those in
-    guarded blocks ``dx_acc_bh*`` (border rows) and ``dx_acc_bw*`` (border columns) that replace
+    guarded blocks ``dx_accbh*`` (border rows) and ``dx_accbw*`` (border columns) that replace
     them; ``dx_acc*`` itself has no guard (:func:`phase_acc`).
 ``conv2d_backprop_input.wsum``    (int8, offset_x != 0) ``sum_{co, kh, kw} W`` per dx channel.
 ``conv2d_backprop_input``         the phases interleaved, pad channels zeroed, cast to
@@ -439,7 +439,7 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
     in ``q`` and the reduction step ``(jh, jw)``. Returns ``((acc, (0, 0)), borders)``: ``acc``
     has no guard and is right wherever no tap reaches dy_pad's padding; each
     ``(border, axis, lo, hi)`` of ``borders`` holds, guarded, the positions with
-    ``q_axis < lo`` or ``>= hi`` (``dx_acc_bh*``: those rows; ``dx_acc_bw*``: those columns),
+    ``q_axis < lo`` or ``>= hi`` (``dx_accbh*``: those rows; ``dx_accbw*``: those columns),
     which replace ``acc``'s there."""
     from tvm import te
 
@@ -472,7 +472,7 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
         maps = [None, None]
         maps[axis - 2] = (lambda k, lo=lo, hi=hi: k if hi == lo else
                           te.if_then_else(k < lo, k, k + (hi - lo)))
-        name = f"_b{'hw'[axis - 2]}{suffix}"
+        name = f"b{'hw'[axis - 2]}{suffix}"
         borders.append((_acc_lanes(*args, shape, name, (guard_h, guard_w), maps), axis, lo, hi))
     return (main, (0, 0)), borders
 
