@@ -41,7 +41,8 @@ class Conv2dPara:
 
 
 def parse_conv2d_para(para_dict: object, *, op: str, allowed: tuple[str, ...],
-                      default_res_dtype: str) -> Conv2dPara:
+                      default_res_dtype: str,
+                      res_dtypes: tuple[str, ...] = ("float16", "float32")) -> Conv2dPara:
     """Check the keys common to conv2d_backprop_input / _filter. Unknown keys are refused so a
     typo (``"stride"``) cannot silently fall back to a default."""
     if not isinstance(para_dict, dict):
@@ -61,7 +62,7 @@ def parse_conv2d_para(para_dict: object, *, op: str, allowed: tuple[str, ...],
         raise fail(E_RANGE, "para_dict['dilations']", list(dil),
                    "must be [1, 1, dilation_h, dilation_w]: N and C dilations are 1")
     res_dtype = check_dtype("para_dict['res_dtype']",
-                            para_dict.get("res_dtype", default_res_dtype), ("float16", "float32"))
+                            para_dict.get("res_dtype", default_res_dtype), res_dtypes)
     kernel_name = check_kernel_name("para_dict['kernel_name']",
                                     para_dict.get("kernel_name", op))
     return Conv2dPara(strides, pads, (dil[2], dil[3]), res_dtype, kernel_name, {})
