@@ -622,7 +622,8 @@ def _grad_input_forward(p: Plan, xp, weight, attrs):
         # x_pack's padding is skipped, not multiplied in (a NaN / Inf weight never meets it)
         real = _all(_real_rows(pos, [a.pad_before for a in axes], [a.n_in for a in axes],
                                [a.x_padded_size for a in axes]))
-        return te.sum(_guard(real, xp[(b, *pos, ch)] * wf[(*kr, rci, c)]), axis=[*kr, rci])
+        return te.sum(_guard(real, xp[(b, *pos, ch)] * wf[(*kr, rci, c)], p.acc_dtype),
+                      axis=[*kr, rci])
 
     acc = te.compute((p.input_shape[0], *(a.n_out for a in axes), p.cy), fwd_body,
                      name="cb_fwd_acc", tag=tag.stage(TAG, "fwd_acc"))
@@ -656,7 +657,7 @@ def _grad_weight(p: Plan, yp, xp, attrs):
         # reads of x_pack's padding are skipped (a NaN / Inf in Y never meets them)
         real = _all(_real_rows(xpos, [a.pad_before for a in axes], [a.n_in for a in axes],
                                [a.x_padded_size for a in axes]))
-        return te.sum(_guard(real, yp[(rn, *ypos, c)] * xp[(rn, *xpos, ch)]),
+        return te.sum(_guard(real, yp[(rn, *ypos, c)] * xp[(rn, *xpos, ch)], p.acc_dtype),
                       axis=[rn, *orr])
 
     acc = te.compute((*(a.kernel for a in axes), p.cy, cxg), dw_body, name="cb_dw_acc",
