@@ -156,7 +156,6 @@ for cid, over, code, param in (
         ("self-zero-c", {"self": f32(1, 0, 4, 4)}, E_SHAPE, "self.shape[1]"),
         ("dy-zero-c", {"grad_output": f32(1, 0, 2, 2)}, E_SHAPE, "grad_output.shape[1]"),
         ("self-zero-n", {"self": f32(0, 2, 4, 4)}, E_SHAPE, "self.shape[0]"),
-        ("self-channels-65536", {"self": f32(1, 70000, 1, 1)}, E_RANGE, "self.shape[1]"),
         ("self-int32-overflow", {"self": lazy_huge(4, 1, 40000, 40000),
                                  "grad_output": lazy_huge(4, 1, 20000, 20000)}, E_SHAPE,
          "self.shape")):
