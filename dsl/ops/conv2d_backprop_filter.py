@@ -111,7 +111,8 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
     if dy_shape[1] != ceil_div(cout, C0):
         raise fail(E_CHANNEL, "out_backprop.shape[1]", dy_shape[1],
                    f"must be ceil(Cout/16)={ceil_div(cout, C0)} for filter_sizes[0]={cout}")
-    gd = calculate_group((n, cout, 1, 1), (n, cin, h, w), w_sizes, groups, filter_dtype=dtype)
+    gd = calculate_group((n, cout, 1, 1), (n, cin, h, w), w_sizes, groups, filter_dtype=dtype,
+                         names={"w_shape_nchw": "filter_sizes"})
     lay = GroupLayout.from_weight(w_sizes, groups)
     ah = ConvAxis.checked("H", h, dy_shape[2], kh, para.strides[0], para.pads[0], para.pads[1],
                           para.dilations[0])

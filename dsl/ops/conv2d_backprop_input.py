@@ -124,7 +124,8 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
                            para_dict["group_dict"]["groups"], lo=1, code=E_GROUPS)
     else:
         groups = cin // cin_g if cin % cin_g == 0 else 1
-    gd = calculate_group((n, cout, 1, 1), x_sizes, w_sizes, groups, filter_dtype=dtype)
+    gd = calculate_group((n, cout, 1, 1), x_sizes, w_sizes, groups, filter_dtype=dtype,
+                         names={"input_size_nchw": "input_sizes", "w_shape_nchw": "filter_sizes"})
     if "group_dict" in para_dict:
         check_group_dict(para_dict["group_dict"], gd)
     lay = GroupLayout.from_weight(w_sizes, groups)

@@ -100,6 +100,7 @@ def _check_config(sch, config) -> tuple[str, list, Path, bool, bool]:
             role = "output" if any(same_tensor(t, o) for o in sch.outputs) else "input"
             raise fail(E_VALUE, "config['tensor_list']", [u.op.name for u in tensors],
                        f"must include {role} '{t.op.name}'")
+    _check_inputs_first(sch, tensors)
     parent = config.get("kernel_meta_parent_dir", None)
     if parent is None:
         parent = os.getcwd()
@@ -113,6 +114,23 @@ def _check_config(sch, config) -> tuple[str, list, Path, bool, bool]:
             raise fail(E_TYPE, f"config['{key}']", v, "must be True or False")
         flags.append(v)
     return name, tensors, Path(parent) / "kernel_meta", flags[0], flags[1]
+
+
+def _check_inputs_first(sch: Schedule, tensors: list) -> None:
+    """Inputs, then outputs, as TBE's build requires: the kernel is called in this order, and
+    ``load``'s callable takes the inputs first, so an input after an output would be fed the
+    wrong array."""
+    is_out = [any(same_tensor(t, o) for o in sch.outputs) for t in tensors]
+    if True not in is_out:
+        return
+    first = is_out.index(True)
+    for i in range(first + 1, len(tensors)):
+        if not is_out[i]:
+            raise fail(E_VALUE, f"config['tensor_list'][{i}]", tensors[i].op.name,
+                       f"is an input listed after the output '{tensors[first].op.name}' "
+                       f"(config['tensor_list'][{first}]): list the inputs first, then the "
+                       f"outputs, e.g. {[t.op.name for t, o in zip(tensors, is_out) if not o]}"
+                       f" + {[t.op.name for t, o in zip(tensors, is_out) if o]}")
 
 
 def lower(sch: Schedule, name: str, tensor_list):

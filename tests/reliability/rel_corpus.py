@@ -196,7 +196,7 @@ add("dx-channel-fracz", E_CHANNEL, "filters.shape", lambda: dx(fz=(9, 2, 16, 16)
 add("dx-channel-dy-c1", E_CHANNEL, "out_backprop.shape", lambda: dx(dy=(1, 2, 5, 5, 16)))
 add("dx-channel-dy-c0", E_CHANNEL, "out_backprop.shape", lambda: dx(dy=(1, 1, 5, 5, 8)))
 add("dx-batch", E_SHAPE, "out_backprop.shape[0]", lambda: dx(xs=(2, 16, 5, 5)))
-add("dx-cin-vs-groups", E_CHANNEL, "input_size_nchw[1]", lambda: dx(xs=(1, 24, 5, 5)))
+add("dx-cin-vs-groups", E_CHANNEL, "input_sizes[1]", lambda: dx(xs=(1, 24, 5, 5)))
 add("dx-geometry-ho", E_GEOMETRY_IN, "out_backprop H", lambda: dx(xs=(1, 16, 6, 5)))
 add("dx-geometry-wo", E_GEOMETRY_IN, "out_backprop W", lambda: dx(xs=(1, 16, 5, 7)))
 add("dx-geometry-stride", E_GEOMETRY_IN, "out_backprop H", lambda: dx(strides=[2, 1]))
@@ -232,7 +232,7 @@ for v, code in ((0, E_GROUPS), (-2, E_GROUPS), (True, E_TYPE), (2.0, E_TYPE), ("
                 (None, E_TYPE), (np.float64(2), E_TYPE)):
     add(f"dx-groups-{v!r}", code, "para_dict['groups']", lambda v=v: gdx(groups=v))
     add(f"dw-groups-{v!r}", code, "para_dict['groups']", lambda v=v: dw(groups=v))
-add("dx-groups-3", E_CHANNEL, "input_size_nchw[1]", lambda: gdx(groups=3))
+add("dx-groups-3", E_CHANNEL, "input_sizes[1]", lambda: gdx(groups=3))
 add("dx-groups-wrong-fracz", E_CHANNEL, "filters.shape",
     lambda: dx(fz=(18, 2, 16, 16), dy=G_DY, fs=G_FS, xs=G_XS, groups=2))
 add("dw-groups-3", E_CHANNEL, "input_x.shape[1]", lambda: dw(fs=(16, 8, 3, 3), groups=3))
