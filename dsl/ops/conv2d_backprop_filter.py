@@ -157,7 +157,7 @@ def plan(input_x, out_backprop, filter_sizes, para_dict) -> Plan:
     _check_shapes(w_sizes, x_shape, dy_shape, groups)
     (cout, cin_g, kh, kw), (n, c1x, h, w, _) = w_sizes, x_shape
     gd = calculate_group((n, cout, 1, 1), (n, cin_g * groups, h, w), w_sizes, groups,
-                         filter_dtype=dtype)
+                         filter_dtype=dtype, names={"w_shape_nchw": "filter_sizes"})
     lay = GroupLayout.from_weight(w_sizes, groups)
     ah = ConvAxis.checked("H", h, dy_shape[2], kh, para.strides[0], para.pads[0], para.pads[1],
                           para.dilations[0])

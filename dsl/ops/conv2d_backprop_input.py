@@ -199,7 +199,8 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
     offset_x = _check_offset_x(para_dict, dtype)
     groups = _groups(para_dict, x_sizes[1], w_sizes[1])
     gd = calculate_group((x_sizes[0], w_sizes[0], 1, 1), x_sizes, w_sizes, groups,
-                         filter_dtype=dtype)
+                         filter_dtype=dtype,
+                         names={"input_size_nchw": "input_sizes", "w_shape_nchw": "filter_sizes"})
     if "group_dict" in para_dict:
         check_group_dict(para_dict["group_dict"], gd)
     lay = GroupLayout.from_weight(w_sizes, groups)

@@ -106,6 +106,7 @@ from dsl.errors import (
     E_SHAPE,
     E_TYPE,
     E_VALUE,
+    MAX_ELEMS,
     SUPPORTED_FLOATS,
     check_bool,
     check_dtype,
@@ -370,16 +371,16 @@ def _check_bias(bias_sizes, mask, w, groups, transposed) -> None:
 
 
 def _check_sizes(p: Plan) -> None:
-    """Every buffer the kernel allocates must be int32-indexable."""
+    """Every buffer the kernel allocates must be int64-indexable."""
     n = p.input_shape[0]
     sizes = {"grad_output": math.prod(p.grad_output_shape), "input": math.prod(p.input_shape),
              "weight": math.prod(p.weight_shape),
              "padded X": n * p.cx * math.prod(a.x_padded_size for a in p.axes),
              "padded Y": n * p.cy * math.prod(a.dy_padded_size for a in p.axes)}
     for what, total in sizes.items():
-        if total > INT32_MAX:
+        if total > MAX_ELEMS:
             raise fail(E_SHAPE, what, total,
-                       f"has {total} elements; at most {INT32_MAX} fit the kernels' int32 "
+                       f"has {total} elements; at most {MAX_ELEMS} fit the kernels' int64 "
                        "indexing: split the batch")
 
 

@@ -35,7 +35,8 @@ def _lcm(a: int, b: int) -> int:
 
 
 def calculate_group(out_backprop_nchw, input_size_nchw, w_shape_nchw, groups,
-                    filter_dtype="float16", filter_ori_format="NCHW") -> dict:
+                    filter_dtype="float16", filter_ori_format="NCHW", *,
+                    names: dict | None = None) -> dict:
     """The ``group_dict`` of seed 001 for a grouped ``conv2d_backprop_input``.
 
     Parameters
@@ -50,6 +51,10 @@ def calculate_group(out_backprop_nchw, input_size_nchw, w_shape_nchw, groups,
     filter_dtype : str
         Selects ``c0_size_k`` (16 for float16, bfloat16 and float32; 32 for int8).
     filter_ori_format : {"NCHW", "NHWC", "HWCN"}
+    names : dict, optional
+        What errors call the three shapes, keyed by this function's parameter names: an
+        operator that derives them from its own arguments passes those (``{"input_size_nchw":
+        "input_sizes", ...}``) so the message names what its caller wrote.
 
     Returns
     -------
@@ -64,20 +69,23 @@ def calculate_group(out_backprop_nchw, input_size_nchw, w_shape_nchw, groups,
                    f"must be one of {', '.join(_TO_NCHW)}")
     if not isinstance(filter_dtype, str) or filter_dtype not in _CUBE_K:
         raise fail(E_TYPE, "filter_dtype", filter_dtype, f"must be one of {', '.join(_CUBE_K)}")
-    dy = check_ints("out_backprop_nchw", out_backprop_nchw, 4, lo=1, code=E_SHAPE)
-    dx = check_ints("input_size_nchw", input_size_nchw, 4, lo=1, code=E_SHAPE)
-    w_raw = check_ints("w_shape_nchw", w_shape_nchw, 4, lo=1, code=E_SHAPE)
+    n = {"out_backprop_nchw": "out_backprop_nchw", "input_size_nchw": "input_size_nchw",
+         "w_shape_nchw": "w_shape_nchw", **(names or {})}
+    dy = check_ints(n["out_backprop_nchw"], out_backprop_nchw, 4, lo=1, code=E_SHAPE)
+    dx = check_ints(n["input_size_nchw"], input_size_nchw, 4, lo=1, code=E_SHAPE)
+    w_raw = check_ints(n["w_shape_nchw"], w_shape_nchw, 4, lo=1, code=E_SHAPE)
     w = tuple(w_raw[i] for i in _TO_NCHW[filter_ori_format])
     groups = check_int("groups", groups, lo=1, code=E_GROUPS)
     if dy[1] != w[0]:
-        raise fail(E_CHANNEL, "out_backprop_nchw[1]", dy[1],
-                   f"must equal the filter's output channels w_shape[0]={w[0]}")
+        raise fail(E_CHANNEL, f"{n['out_backprop_nchw']}[1]", dy[1],
+                   f"must equal the filter's output channels ({n['w_shape_nchw']}: {w[0]})")
     if dx[1] != w[1] * groups:
-        raise fail(E_CHANNEL, "input_size_nchw[1]", dx[1],
-                   f"must equal w_shape[1] * groups = {w[1]} * {groups} = {w[1] * groups}")
+        raise fail(E_CHANNEL, f"{n['input_size_nchw']}[1]", dx[1],
+                   f"must equal the filter's input channels per group ({n['w_shape_nchw']}: "
+                   f"{w[1]}) * groups ({groups}) = {w[1] * groups}")
     if w[0] % groups:
         raise fail(E_GROUPS, "groups", groups,
-                   f"must divide the filter's output channels w_shape[0]={w[0]}")
+                   f"must divide the filter's output channels ({n['w_shape_nchw']}: {w[0]})")
     c0_size, c0_size_k = C0, _CUBE_K[filter_dtype]
     dx_c_ori = w[1]
     dy_c_ori = w[0] // groups
