@@ -12,18 +12,10 @@ over the taps where both divisions are exact and land inside dy.
 Tensors
 -------
 filters : 4-D FracZ (group FracZ when groups > 1), ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)``,
-    float16, bfloat16 or float32 (see :mod:`dsl.ops.group`); int8: TBE's int8 dx FracZ
-    ``(G*dy_c1e*KH*KW, dx_c1e, 16, 32)`` (:class:`dsl.ops.group.Int8DxLayout`).
-out_backprop : 5-D NC1HWC0, ``(N, ceil(Cout/16), Ho, Wo, 16)``, same dtype as ``filters``;
-    int8: ``(N, ceil(Cout/32), Ho, Wo, 32)``.
-result : 5-D NC1HWC0, ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype`` (int32 for int8);
-    pad channels are zero. Byte-identical to TBE's 4-D ``(N, C1, H*W, 16)``.
-
-int8 (TBE's quantised dx): every position of the stride-dilated, padded dy that is not a real
-dy element reads ``offset_x``; computed exactly in int32 as the phase reductions of
-``dy - offset_x`` (dy_pad's zeros are ``offset_x`` there) plus ``offset_x * wsum``.
-Float reductions never multiply dy_pad's padding in (a NaN / Inf weight would turn its zeros
-into NaN): taps that read it are skipped by a select of the weight.
+    float16 or float32 (see :mod:`dsl.ops.group`).
+out_backprop : 5-D NC1HWC0, ``(N, ceil(Cout/16), Ho, Wo, 16)``, same dtype as ``filters``.
+result : 5-D NC1HWC0, ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype``; pad channels are zero.
+    Byte-identical to TBE's 4-D ``(N, C1, H*W, 16)``.
 
 Code: :func:`plan` checks every argument (errors before any TE work) and decides the
 stages into a frozen :class:`Plan`; :func:`dy_stage`, :func:`weight_stage`, :func:`phase_acc`
@@ -51,10 +43,6 @@ multiplication by zero taps), so strided dx does exactly the forward's multiply-
     For a dense layer whose Cin pads worse to 16 than its Cout (an RGB stem) the vector runs
     along W instead: ``dx_acc_w*`` ``[N, Cin, Hq, Wq']`` (``Wq`` rounded up to 16), reading
     dy_pad as ``[N, Cout, Hp, Wp]`` and the weight stage as ``[Cin, KH, KW, Cout]``.
-    A phase whose first / last rows (columns) have taps in the padding computes those in
-    guarded blocks ``dx_accbh*`` (border rows) and ``dx_accbw*`` (border columns) that replace
-    them; ``dx_acc*`` itself has no guard (:func:`phase_acc`).
-``conv2d_backprop_input.wsum``    (int8, offset_x != 0) ``sum_{co, kh, kw} W`` per dx channel.
 ``conv2d_backprop_input``         the phases interleaved, pad channels zeroed, cast to
     ``res_dtype``.
 """
@@ -437,11 +425,7 @@ def weight_stage(p: Plan, filters):
 
 def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
     """``acc`` of the dx positions ``(q_h*sh + ph, q_w*sw + pw)``: every tap index is affine
-    in ``q`` and the reduction step ``(jh, jw)``. Returns ``((acc, (0, 0)), borders)``: ``acc``
-    has no guard and is right wherever no tap reaches dy_pad's padding; each
-    ``(border, axis, lo, hi)`` of ``borders`` holds, guarded, the positions with
-    ``q_axis < lo`` or ``>= hi`` (``dx_accbh*``: those rows; ``dx_accbw*``: those columns),
-    which replace ``acc``'s there."""
+    in ``q`` and the reduction step ``(jh, jw)``."""
     from tvm import te
 
     (nq_h, k0_h, nt_h, c_h), (nq_w, k0_w, nt_w, c_w) = p.phases_h[ph], p.phases_w[pw]
@@ -456,59 +440,13 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
                 k0_h + jh * st_h, k0_w + jw * st_w)
 
     suffix = "" if len(p.phases_h) * len(p.phases_w) == 1 else f"_{ph}_{pw}"
-    guard_h = _guard(p, p.ah, p.phases_h[ph], p.pad_h)
-    guard_w = _guard(p, p.aw, p.phases_w[pw], p.pad_w)
-    args = (p, dyp, wt, tap, (jh, jw))
     if p.positions:
-        return (_acc_positions(*args, (nq_h, nq_w), suffix, (guard_h, guard_w)), (0, 0)), []
-    # the main block is picked only where no tap reaches dy_pad's padding, so it has no
-    # guard (the dense loop is unchanged); the border rows / columns get small guarded blocks
-    main = _acc_lanes(*args, (nq_h, nq_w), suffix, (None, None))
-    borders = []
-    for axis, guard, nq in ((2, guard_h, nq_h), (3, guard_w, nq_w)):
-        if guard is None:
-            continue
-        lo, hi = guard[1], guard[2]
-        shape = (nq_h, lo + nq - hi) if axis == 3 else (lo + nq - hi, nq_w)
-        maps = [None, None]
-        maps[axis - 2] = (lambda k, lo=lo, hi=hi: k if hi == lo else
-                          te.if_then_else(k < lo, k, k + (hi - lo)))
-        name = f"b{'hw'[axis - 2]}{suffix}"
-        borders.append((_acc_lanes(*args, shape, name, (guard_h, guard_w), maps), axis, lo, hi))
-    return (main, (0, 0)), borders
+        return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
+    return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
 
 
-def _guard(p: Plan, ax, phase, pad: int):
-    """``(real, lo, hi)`` of one axis of a phase, or None when no listed tap of it reaches
-    dy_pad's padding. ``real(row, j)`` is the condition that tap ``j`` of position ``q`` reads
-    a real dy row ``row`` (padded index); positions ``lo <= q < hi`` never read padding.
-
-    Float reductions skip the padding by these conditions (a select of the weight, so a
-    NaN / Inf weight reaches exactly the dx positions whose taps meet real dy: 0 * Inf is
-    NaN) instead of multiplying its zeros in. int8 reads the padding on purpose (it is
-    ``offset_x``, see :func:`_padded_dy`)."""
-    count, _, taps, c = phase
-    if p.qlay is not None or not taps:
-        return None
-    dr = ax.tap_step * ax.dilation // ax.stride
-    # position q reads rows q + c - j*dr (unpadded), j < taps; positions may compute extra
-    # columns up to the padded size (never picked)
-    last = (p.size_w - pad if p.positions and ax is p.aw else count) - 1
-    if c - (taps - 1) * dr >= 0 and last + c <= ax.n_out - 1:
-        return None
-    lo = min(count, max(0, (taps - 1) * dr - c))
-    hi = max(lo, min(count, ax.n_out - c))
-
-    def real(row):
-        return (row >= pad) & (row < pad + ax.n_out)
-
-    return real, lo, hi
-
-
-def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, guards, maps=(None, None)):
-    """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``; ``maps`` take a row / column of
-    the block to the phase's position (a border block)."""
-    import tvm
+def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
+    """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``."""
     from tvm import te
 
     if p.lay.dense:
@@ -519,9 +457,7 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, guards, maps=(None, 
         rco = te.reduce_axis((0, p.lay.cout_g), name="co")
         red = [*jhw, rco]
 
-    def body(b, cx1, kh_, kw_, cx0):
-        qh = maps[0](kh_) if maps[0] is not None else kh_
-        qw = maps[1](kw_) if maps[1] is not None else kw_
+    def body(b, cx1, qh, qw, cx0):
         row_h, row_w, k_h, k_w = tap(qh, qw)
         if p.lay.dense:
             dyv = dyp[b, rco1, row_h, row_w, rco0]
@@ -529,39 +465,24 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, guards, maps=(None, 
         else:
             dyv = dyp[b, cx1, row_h, row_w, rco, cx0]
             wv = wt[cx1, k_h, k_w, rco, cx0]
-        conds = [g[0](r) for g, r in zip(guards, (row_h, row_w)) if g is not None]
-        if conds:  # the weight, not the product: one select per loaded weight vector
-            wv = te.if_then_else(tvm.tirx.all(*conds), wv, tvm.tirx.const(0, p.acc_dtype))
         return te.sum(dyv * wv, axis=red)
 
     return te.compute((p.n, p.c1x, *nq, C0), body, name=f"dx_acc{suffix}",
                       tag=tag.stage(TAG, "acc"))
 
 
-def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, guards):
+def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
     """W positions in the lanes: ``dx_acc_w* [N, Cin, Hq, Wq']``, ``Wq`` rounded up to 16."""
-    import tvm
     from tvm import te
 
     rco = te.reduce_axis((0, p.cout), name="co")
 
     def body_p(b, ci, qh, qw):
         row_h, row_w, k_h, k_w = tap(qh, qw)
-        wv = wt[ci, k_h, k_w, rco]
-        conds = [g[0](r) for g, r in zip(guards, (row_h, row_w)) if g is not None]
-        if conds:  # W positions are the lanes: a select per lane
-            wv = te.if_then_else(tvm.tirx.all(*conds), wv, tvm.tirx.const(0, p.acc_dtype))
-        return te.sum(dyp[b, rco, row_h, row_w] * wv, axis=[rco, *jhw])
+        return te.sum(dyp[b, rco, row_h, row_w] * wt[ci, k_h, k_w, rco], axis=[rco, *jhw])
 
     return te.compute((p.n, p.cin, nq[0], ceil_div(nq[1], C0) * C0), body_p,
                       name=f"dx_acc_w{suffix}", tag=tag.stage(TAG, "acc"))
-
-
-def _clamp(k, extent: int):
-    """``k`` clamped into ``[0, extent)``: a vectorised select may evaluate both arms."""
-    from tvm import te
-
-    return te.max(te.min(k, extent - 1), 0)
 
 
 def wsum_stage(p: Plan, wt):
@@ -583,8 +504,7 @@ def wsum_stage(p: Plan, wt):
 
 
 def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
-    """The anchor ``dx``: the phases interleaved (``accs[(ph, pw)]`` is :func:`phase_acc`'s
-    ``(acc, borders)``), plus ``offset_x * wsum`` (int8), pad
+    """The anchor ``dx``: the phases interleaved, plus ``offset_x * wsum`` (int8), pad
     channels zeroed, cast to res_dtype."""
     import tvm
     from tvm import te
@@ -594,7 +514,7 @@ def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
     def out_body(b, cx1, i, j, cx0):
         sh, sw = len(p.phases_h), len(p.phases_w)
         val = zero
-        for (ph, pw), ((acc, _), borders) in accs.items():
+        for (ph, pw), acc in accs.items():
             # clamped: a vectorised select may evaluate both arms
             qh = te.min(i // sh, p.phases_h[ph][0] - 1) if sh > 1 else i
             qw = te.min(j // sw, p.phases_w[pw][0] - 1) if sw > 1 else j
@@ -602,12 +522,6 @@ def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
                 pick = acc[b, te.min(cx1 * C0 + cx0, p.cin - 1), qh, qw]
             else:
                 pick = acc[b, cx1, qh, qw, cx0]
-            # border positions come from their guarded blocks
-            for border, axis, lo, hi in borders:
-                q = qh if axis == 2 else qw
-                k = _clamp(te.if_then_else(q < lo, q, q - (hi - lo)), int(border.shape[axis]))
-                idx = (b, cx1, k, qw, cx0) if axis == 2 else (b, cx1, qh, k, cx0)
-                pick = te.if_then_else(tvm.tirx.any(q < lo, q >= hi), border[idx], pick)
             conds = ([i % sh == ph] if sh > 1 else []) + ([j % sw == pw] if sw > 1 else [])
             val = te.if_then_else(tvm.tirx.all(*conds), pick, val) if conds else pick
         if wsum is not None:
