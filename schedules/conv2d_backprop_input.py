@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import schedules
 from dsl.ops import tag
+from schedules import fusion
 from schedules import toolbox as tb
 
 RULE = "x86 dx register tile"
@@ -85,16 +86,22 @@ def dx_acc_tiles(sch, block, target):
 @schedules.register(tag.CONV2D_BACKPROP_INPUT, "x86")
 def schedule_dx_x86(sch, workload) -> None:
     target = workload.target
-    for acc in workload.find_all(sch, tag.DX_ACC):
+    accs = workload.find_all(sch, tag.DX_ACC)
+    stages = [tag.DX_DY_CAST, tag.DX_DY_PAD, tag.DX_WEIGHT, tag.CONV2D_BACKPROP_INPUT]
+    for acc in accs:
         name = sch.get(acc).name_hint
         # [N, Cin, Hq, Wq] (few input channels) or [N, C1x, Hq, Wq, C0]
         if tb.spatial_count(sch, acc) == 4:
             dx_positions_tile(sch, acc, target)
             workload.note(name, RULE, "few input channels: W positions in vector lanes")
-        else:
-            dx_acc_tiles(sch, acc, target)
-            workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers")
-    for stage in (tag.DX_DY_CAST, tag.DX_DY_PAD, tag.DX_WEIGHT, tag.CONV2D_BACKPROP_INPUT):
+            continue
+        wb, _ = dx_acc_tiles(sch, acc, target)
+        workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers")
+        # one phase: dx (and a fused epilogue) is written straight from the register tile
+        if len(accs) == 1 and fusion.write_from_tile(
+                sch, workload, wb, workload.find(sch, tag.CONV2D_BACKPROP_INPUT)):
+            stages.remove(tag.CONV2D_BACKPROP_INPUT)
+    for stage in stages:
         block = workload.find(sch, stage)
         if block is not None:
             tb.elementwise_c0(sch, block, target)

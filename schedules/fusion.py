@@ -59,9 +59,18 @@ def _try_inline(sch, block, own: set[str], workload) -> bool:
             return True
         into = [c for c in consumers if c in own]
         # into a reduction it would be recomputed for every tap: materialise it once instead
-        if into and all(_is_spatial(sch, b) for b in sch.get_consumers(block)):
+        elementwise_consumers = consumers and all(
+            _is_spatial(sch, b) for b in sch.get_consumers(block))
+        if into and elementwise_consumers:
             sch.compute_inline(block)
             workload.note(name, RULE, f"prologue inlined into {', '.join(into)}")
+            return True
+        if elementwise_consumers and not into and not any(p in own for p in producers):
+            # a user stage beside the epilogue (a mask ``fwd > 0`` that a select reads):
+            # inlined into its consumer, so that consumer reads only the operator and kernel
+            # inputs and can then be fused into the operator's output block
+            sch.compute_inline(block)
+            workload.note(name, RULE, f"inlined into {', '.join(consumers)}, then fused")
             return True
     except tvm.s_tir.ScheduleError:
         pass
@@ -104,3 +113,20 @@ def schedule_leftovers(sch, workload, names: list[str]) -> None:
             tb.vectorize_inner(sch, block)
             tb.parallel_outer(sch, block)
             workload.note(name, RULE, "not inlinable reduction: generic rule")
+
+
+def write_from_tile(sch, workload, write_back, output) -> bool:
+    """Inline the operator's output block ``output`` (with any epilogue fused into it) into the
+    register tile's ``write_back`` block, so the tile's accumulators are cast, masked and
+    combined with the epilogue's other inputs on their way out, with no round trip through
+    the accumulator buffer. Only possible when ``output`` reads that buffer at its own
+    index (one stride phase); returns False, changing nothing, when TVM refuses."""
+    import tvm
+
+    name = sch.get(output).name_hint
+    try:
+        sch.reverse_compute_inline(output)
+    except tvm.s_tir.ScheduleError:
+        return False
+    workload.note(name, RULE, f"written from the register tile ({sch.get(write_back).name_hint})")
+    return True
