@@ -9,7 +9,9 @@ dy is broadcast from the padded copy made once; the rows ``(N, C1x tiles, Hq)`` 
 cores. Grouped layers load dy as regathered vectors instead, one C1x block per tile, with the
 KW taps unrolled beside the positions so a dy vector feeds every tap that reads it. Layers with
 few input channels (``dx_acc_w*``) vectorise W positions instead and broadcast the weight.
-Tile sizes come from the target's register file; no target is named here.
+Tile sizes come from the target's register file; no target is named here. With one stride
+phase the anchor ``dx`` (and any epilogue fused into it) is computed in the register tile's
+write-back (:func:`schedules.fusion.write_from_tile`): no round trip through ``dx_acc``.
 """
 
 from __future__ import annotations

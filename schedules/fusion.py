@@ -13,7 +13,14 @@ first stages (a cast or scale of ``dy``). Before the operator's rule runs:
   consumers when they are all elementwise (the operator's own pack / pad / cast stage), so
   that stage reads ``dy`` through it. A prologue read straight by a reduction is not inlined
   (it would be recomputed, an fp16 -> fp32 conversion included, for every tap that reads
-  it: 4-5x slower for dw); it is materialised once by the elementwise rule instead.
+  it: 4-5x slower for dw); it is materialised once by the elementwise rule instead;
+* every other injective user stage whose consumers are all elementwise (the ``fwd > 0`` mask
+  of a ReLU-gradient select) is ``compute_inline``-d into them first, so that the epilogue
+  stage reading it then reads only the operator and kernel inputs and fuses as above.
+
+A rule that keeps its output tile in registers may then call :func:`write_from_tile`: the
+operator's output block, epilogue included, is inlined into the tile's write-back, so the
+result goes out straight from the registers instead of through the accumulator buffer.
 
 Where TVM refuses an inline (the operator's output is itself a kernel output, the stage reads
 the operator at another index, it is a reduction), the stage stays; after the rule,
