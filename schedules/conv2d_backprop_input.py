@@ -101,7 +101,7 @@ def schedule_dx_x86(sch, workload) -> None:
         workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers")
         # one phase: dx (and a fused epilogue) is written straight from the register tile
         if len(accs) == 1 and fusion.write_from_tile(
-                sch, workload, wb, workload.find(sch, tag.CONV2D_BACKPROP_INPUT)):
+                sch, workload, wb, workload.find(sch, tag.CONV2D_BACKPROP_INPUT), RULE):
             stages.remove(tag.CONV2D_BACKPROP_INPUT)
     for stage in stages:
         block = workload.find(sch, stage)

@@ -122,12 +122,13 @@ def schedule_leftovers(sch, workload, names: list[str]) -> None:
             workload.note(name, RULE, "not inlinable reduction: generic rule")
 
 
-def write_from_tile(sch, workload, write_back, output) -> bool:
+def write_from_tile(sch, workload, write_back, output, rule: str = RULE) -> bool:
     """Inline the operator's output block ``output`` (with any epilogue fused into it) into the
     register tile's ``write_back`` block, so the tile's accumulators are cast, masked and
     combined with the epilogue's other inputs on their way out, with no round trip through
     the accumulator buffer. Only possible when ``output`` reads that buffer at its own
-    index (one stride phase); returns False, changing nothing, when TVM refuses."""
+    index (one stride phase); returns False, changing nothing, when TVM refuses. ``rule``
+    is the label the decision is noted under (the calling operator rule's)."""
     import tvm
 
     name = sch.get(output).name_hint
@@ -135,5 +136,5 @@ def write_from_tile(sch, workload, write_back, output) -> bool:
         sch.reverse_compute_inline(output)
     except tvm.s_tir.ScheduleError:
         return False
-    workload.note(name, RULE, f"written from the register tile ({sch.get(write_back).name_hint})")
+    workload.note(name, rule, f"written from the register tile ({sch.get(write_back).name_hint})")
     return True
