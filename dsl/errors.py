@@ -129,29 +129,34 @@ def check_dtype(param: str, dtype: object, allowed: Sequence[str]) -> str:
     return dtype
 
 
+# The most elements a tensor may have: kernels index in 64 bits once a tensor reaches 2**31
+# elements (dsl.runtime.schedule.INT64_INDEX_FROM), so only int64 index arithmetic bounds it.
+MAX_ELEMS = 2**63 - 1
+
+
 def check_shape(param: str, shape: object, rank: int | Sequence[int], *, lo: int = 1,
-                max_elems: int = 2**31 - 1) -> tuple[int, ...]:
-    """Return a tensor shape as ints, checking rank, positivity and int32-indexable size."""
+                max_elems: int = MAX_ELEMS) -> tuple[int, ...]:
+    """Return a tensor shape as ints, checking rank, positivity and int64-indexable size."""
     dims = check_ints(param, shape, rank, lo=lo, code=E_SHAPE)
     total = math.prod(dims)
     if total > max_elems:
         raise fail(E_SHAPE, param, dims,
-                   f"has {total} elements; at most {max_elems} fit the kernels' int32 indexing")
+                   f"has {total} elements; at most {max_elems} fit the kernels' int64 indexing")
     return dims
 
 
 def check_elems(param: str, value: object, shape: Sequence[int], what: str, *,
-                max_elems: int = 2**31 - 1) -> None:
-    """Refuse a derived tensor (a 5HD result, a padded stage) too big for int32 indexing.
+                max_elems: int = MAX_ELEMS) -> None:
+    """Refuse a derived tensor (a 5HD result, a padded stage) too big for int64 indexing.
 
     The arguments can each fit while a tensor made from them does not (5HD pads C to 16, a
-    padded stage adds rows); TVM would then wrap its int32 index arithmetic silently.
+    padded stage adds rows); the index arithmetic would then wrap silently.
     """
     total = math.prod(int(d) for d in shape)
     if total > max_elems:
         raise fail(E_SHAPE, param, value,
                    f"makes {what} {tuple(int(d) for d in shape)} of {total} elements; at most "
-                   f"{max_elems} fit the kernels' int32 indexing")
+                   f"{max_elems} fit the kernels' int64 indexing")
 
 
 def ceil_div(a: int, b: int) -> int:
@@ -161,7 +166,7 @@ def ceil_div(a: int, b: int) -> int:
 def te_shape(param: str, t: object, rank: int | Sequence[int] | None = None) -> tuple[int, ...]:
     """The static shape of a TE tensor argument (``te.placeholder``) as ints.
 
-    With ``rank``, also checks the rank, positivity and int32-indexable size (as
+    With ``rank``, also checks the rank, positivity and int64-indexable size (as
     :func:`check_shape`); without, the caller checks the dimensions itself (some operators
     accept empty tensors).
     """

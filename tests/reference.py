@@ -35,7 +35,8 @@ def conv2d_backprop_input(dy, w, x_shape, stride, pads, dilation, groups):
 
 def conv2d_backprop_filter(x, dy, w_shape, stride, pads, dilation, groups):
     """dW[co, ci, kh, kw] = sum_{n,ho,wo} dy[n,co,ho,wo] * xpad[n, g*Cin_g+ci,
-    ho*sh + kh*dh, wo*sw + kw*dw], float64."""
+    ho*sh + kh*dh, wo*sw + kw*dw] over the terms whose x element is real (not padding),
+    float64."""
     x = np.asarray(x, np.float64)
     dy = np.asarray(dy, np.float64)
     cout, cin_g, kh, kw = w_shape
@@ -44,6 +45,7 @@ def conv2d_backprop_filter(x, dy, w_shape, stride, pads, dilation, groups):
     cout_g = cout // groups
     xp = np.pad(x, ((0, 0), (0, 0), (pads[0], max(pads[1], 0) + sh * ho + dh * kh),
                     (pads[2], max(pads[3], 0) + sw * wo + dw * kw)))
+    h, wd = x.shape[2:]
     dw_ = np.zeros(w_shape)
     for g in range(groups):
         xs = xp[:, g * cin_g:(g + 1) * cin_g]
@@ -51,8 +53,13 @@ def conv2d_backprop_filter(x, dy, w_shape, stride, pads, dilation, groups):
             for j in range(kw):
                 patch = xs[:, :, i * dh:i * dh + sh * (ho - 1) + 1:sh,
                            j * dw:j * dw + sw * (wo - 1) + 1:sw]
-                dw_[g * cout_g:(g + 1) * cout_g, :, i, j] = np.einsum(
-                    "nohw,nchw->oc", dy[:, g * cout_g:(g + 1) * cout_g], patch)
+                # only (ho, wo) whose tap reads a real x element: the padding is not
+                # multiplied in (a NaN / inf dy never meets it)
+                rows = np.arange(ho) * sh - pads[0] + i * dh
+                cols = np.arange(wo) * sw - pads[2] + j * dw
+                real = ((rows >= 0) & (rows < h))[:, None] & ((cols >= 0) & (cols < wd))[None]
+                dys = np.where(real, dy[:, g * cout_g:(g + 1) * cout_g], 0.0)
+                dw_[g * cout_g:(g + 1) * cout_g, :, i, j] = np.einsum("nohw,nchw->oc", dys, patch)
     return dw_
 
 
@@ -97,6 +104,15 @@ def convolution_backward(grad_output, x, w, stride, pads, dilation, transposed,
         return tuple(slice(kk * d, kk * d + s * (c - 1) + 1, s)
                      for kk, d, s, c in zip(k, dilation, stride, count))
 
+    def real(k, count, offsets, sizes):
+        """Which of the ``count`` rows tap ``k`` reads are real data (not padding), as a
+        broadcastable ``[1, 1, *count]`` mask: padding is skipped, never multiplied in."""
+        m = np.ones((1, 1), bool)
+        for kk, d, s, c, off, n in zip(k, dilation, stride, count, offsets, sizes):
+            rows = np.arange(c) * s + kk * d
+            m = m[..., None] & ((rows >= off) & (rows < off + n))
+        return m
+
     if not transposed:
         cout, cin_g = w.shape[:2]
         cout_g = cout // groups
@@ -113,7 +129,8 @@ def convolution_backward(grad_output, x, w, stride, pads, dilation, transposed,
             for k in itertools.product(*(range(kk) for kk in ks)):
                 sl = (slice(None), cs, *tap_slices(k, so))
                 dxp[sl] += np.einsum("no...,oc->nc...", dy[:, os_], w[(os_, slice(None), *k)])
-                dw[(os_, slice(None), *k)] = _contract(dy[:, os_], xp[sl])
+                ok = real(k, so, [pb for pb, _ in pads], x.shape[2:])
+                dw[(os_, slice(None), *k)] = _contract(np.where(ok, dy[:, os_], 0.0), xp[sl])
         dx = dxp[(slice(None), slice(None), *(slice(pb, pb + n) for (pb, _), n in
                                                zip(pads, x.shape[2:])))]
         return dx, dw, db
@@ -133,8 +150,10 @@ def convolution_backward(grad_output, x, w, stride, pads, dilation, transposed,
         cs, os_ = slice(g * cin_g, (g + 1) * cin_g), slice(g * cout_g, (g + 1) * cout_g)
         for k in itertools.product(*(range(kk) for kk in ks)):
             patch = dyp[(slice(None), os_, *tap_slices(k, si))]
-            dx[:, cs] += np.einsum("no...,co->nc...", patch, w[(cs, slice(None), *k)])
-            dw[(cs, slice(None), *k)] = _contract(x[:, cs], patch)
+            ok = real(k, si, [pb for pb, _ in pads], so)
+            dx[:, cs] += np.where(ok, np.einsum("no...,co->nc...", patch,
+                                                w[(cs, slice(None), *k)]), 0.0)
+            dw[(cs, slice(None), *k)] = _contract(np.where(ok, x[:, cs], 0.0), patch)
     return dx, dw, db
 
 

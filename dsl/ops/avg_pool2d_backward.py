@@ -52,7 +52,7 @@ Decisions where the seed is silent
 * The seed's 3-D "NCL" input is PyTorch's unbatched ``(C, H, W)``.
 * ``divisor_override`` may be any non-zero int64, negative included (the A2/A3 range; the
   older products' [-255, 255] is not enforced); 0 means none, as the seed says.
-* The 65535-channel limit applies to ``C`` (5HD: ``C1 <= 4096``).
+* The seed's 65535-channel limit (a limit of the device) is not enforced: any C computes.
 * Accumulation is float32 (float64 for float64 tensors, an extension for ``gradcheck``), the
   result rounded once to the dtype of ``self``.
 
@@ -91,7 +91,6 @@ from dsl.ops.layout import FORMAT_5HD
 
 TAG = tag.AVG_POOL2D_BACKWARD
 ACC_DTYPE = "float32"
-MAX_CHANNELS = 65535  # seed 004: "输入channel最大支持65535"
 CUBE_MATH_TYPES = {0: "KEEP_DTYPE", 1: "ALLOW_FP32_DOWN_PRECISION", 2: "USE_FP16",
                    3: "USE_HF32"}
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -213,7 +212,7 @@ def check_avg_pool2d_backward(grad_output_shape, grad_output_dtype, self_shape, 
 
     Raises :class:`dsl.DslError` with the codes of :mod:`dsl.errors`: E60005 wrong Python type,
     E60003 wrong rank / length / non-positive size, E60011 value out of range (sizes, pad >
-    kernel/2, channels > 65535, cube_math_type), E60006 / E65002 dtypes, E60012 unsupported
+    kernel/2, cube_math_type), E60006 / E65002 dtypes, E60012 unsupported
     cube_math_type for the dtype, E60025 output size < 1, E60002 / E60024 grad_output not the
     shape the forward produced.
     """
@@ -268,19 +267,16 @@ def _check_cube_math_type(cube_math_type, dtype: str) -> int:
 
 
 def _check_channels(x_shape, dy_shape, five: bool) -> tuple[int, int]:
-    """The 5HD block, the channel limit; returns the (channel, H) axes of the layout."""
+    """The 5HD block (any channel count: the seed's 65535 is a device limit); returns the
+    (channel, H) axes of the layout."""
     if five:
         if x_shape[4] != C0 or dy_shape[4] != C0:
             raise fail(E_SHAPE, "self.shape" if x_shape[4] != C0 else "grad_output.shape",
                        x_shape if x_shape[4] != C0 else dy_shape,
                        f"must be 5HD (N, C1, H, W, {C0})")
-        c_axis, h_axis, max_c = 1, 2, ceil_div(MAX_CHANNELS, C0)
+        c_axis, h_axis = 1, 2
     else:
-        c_axis, h_axis, max_c = len(x_shape) - 3, len(x_shape) - 2, MAX_CHANNELS
-    if x_shape[c_axis] > max_c:
-        what = "C1 (channels / 16, rounded up)" if five else "channels"
-        raise fail(E_RANGE, f"self.shape[{c_axis}]", x_shape[c_axis],
-                   f"{what} must be <= {max_c}: at most {MAX_CHANNELS} channels are supported")
+        c_axis, h_axis = len(x_shape) - 3, len(x_shape) - 2
     return c_axis, h_axis
 
 
@@ -422,7 +418,7 @@ def avg_pool2d_backward(grad_output, self, kernel_size, stride, padding, ceil_mo
     grad_output : te.Tensor
         dy, NCHW ``(N, C, Ho, Wo)`` or CHW ``(C, Ho, Wo)``; float32, float16 or bfloat16.
     self : te.Tensor
-        The forward input, ``(N, C, H, W)`` or ``(C, H, W)``, dtype of grad_output; C <= 65535.
+        The forward input, ``(N, C, H, W)`` or ``(C, H, W)``, dtype of grad_output.
         Only its shape and dtype are used.
     kernel_size : sequence of 1 or 2 int
         ``[k]`` (kH = kW) or ``[kH, kW]``, each >= 1.
@@ -452,9 +448,9 @@ def avg_pool2d_backward_5hd(grad_output, self, kernel_size, stride, padding, cei
                             count_include_pad, divisor_override, cube_math_type=0):
     """:func:`avg_pool2d_backward` on the cube layout NC1HWC0.
 
-    ``grad_output`` is ``(N, C1, Ho, Wo, 16)`` and ``self`` / the result ``(N, C1, H, W, 16)``
-    (``C1 <= 4096``); the other parameters and the math are those of
-    :func:`avg_pool2d_backward`, applied to each of the ``C1 * 16`` channel lanes.
+    ``grad_output`` is ``(N, C1, Ho, Wo, 16)`` and ``self`` / the result ``(N, C1, H, W, 16)``;
+    the other parameters and the math are those of :func:`avg_pool2d_backward`, applied to each
+    of the ``C1 * 16`` channel lanes.
     """
     geo = check_avg_pool2d_backward(
         te_shape("grad_output", grad_output), str(grad_output.dtype), te_shape("self", self),

@@ -65,7 +65,7 @@ from dsl.ops.para_dict import Conv2dPara, parse_conv2d_para
 
 TAG = tag.CONV2D_BACKPROP_FILTER
 ACC_DTYPE = "float32"
-DTYPES = ("float16", "float32")  # of input_x and out_backprop (one dtype for both)
+DTYPES = ("float16", "float32", "bfloat16")  # of input_x and out_backprop (one dtype for both)
 
 
 def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
@@ -157,7 +157,7 @@ def plan(input_x, out_backprop, filter_sizes, para_dict) -> Plan:
     _check_shapes(w_sizes, x_shape, dy_shape, groups)
     (cout, cin_g, kh, kw), (n, c1x, h, w, _) = w_sizes, x_shape
     gd = calculate_group((n, cout, 1, 1), (n, cin_g * groups, h, w), w_sizes, groups,
-                         filter_dtype=dtype)
+                         filter_dtype=dtype, names={"w_shape_nchw": "filter_sizes"})
     lay = GroupLayout.from_weight(w_sizes, groups)
     ah = ConvAxis.checked("H", h, dy_shape[2], kh, para.strides[0], para.pads[0], para.pads[1],
                           para.dilations[0])
@@ -174,14 +174,14 @@ def plan(input_x, out_backprop, filter_sizes, para_dict) -> Plan:
 
 def accumulation_dtype(dtype: str) -> str:
     """The dtype the stages convert the inputs to and accumulate in, for an input ``dtype``
-    (of :data:`DTYPES`): float32 for float16 and float32 inputs."""
+    (of :data:`DTYPES`): float32 for float16, bfloat16 and float32 inputs."""
     return ACC_DTYPE
 
 
 def _check_dtypes(input_x, out_backprop) -> str:
     dtype = str(input_x.dtype)
     if dtype not in DTYPES:
-        raise fail(E_DTYPE, "input_x.dtype", dtype, "must be float16 or float32")
+        raise fail(E_DTYPE, "input_x.dtype", dtype, f"must be one of {', '.join(DTYPES)}")
     if str(out_backprop.dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "out_backprop.dtype", str(out_backprop.dtype),
                    f"must equal input_x.dtype={dtype}")
@@ -272,6 +272,33 @@ def dy_stage(p: Plan, out_backprop):
                       name="dw_dy_group", tag=tag.stage(TAG, "dy_group"))
 
 
+def _real_x(p: Plan, rh, rw, k_h, k_w):
+    """The condition that ``(ho, wo)`` at tap ``(kh, kw)`` reads a real x element, not x_pad's
+    padding; None when no read of this layer reaches the padding. The reductions skip padded
+    reads by it (a select of dy, which is broadcast or loaded once per step) instead of
+    multiplying the padding's zeros in, so a NaN / Inf in dy reaches exactly the dw taps the
+    math pairs it with (0 * Inf is NaN)."""
+    import tvm
+
+    conds = []
+    for ax, o, k in ((p.ah, rh, k_h), (p.aw, rw, k_w)):
+        last = (ax.n_out - 1) * ax.stride + (ax.kernel - 1) * ax.dilation
+        if ax.pad_before:
+            conds.append(o * ax.stride + k * ax.dilation >= ax.pad_before)
+        if last >= ax.pad_before + ax.n_in:
+            conds.append(o * ax.stride + k * ax.dilation < ax.pad_before + ax.n_in)
+    return tvm.tirx.all(*conds) if conds else None
+
+
+def _skip_padding(p: Plan, dy, real):
+    import tvm
+    from tvm import te
+
+    if real is None:
+        return dy
+    return te.if_then_else(real, dy, tvm.tirx.const(0, p.acc_dtype))
+
+
 def _reduce_axes(p: Plan):
     """The reduction ``(n, ho, wo)`` of the GEMM."""
     from tvm import te
@@ -294,6 +321,7 @@ def _acc_cin_lanes(p: Plan, xp, dyv):
             dy = dyv[rn, cx1, rh, rw, co, cx0]
         xv = xp[rn, cx1, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation,
                 cx0]
+        dy = _skip_padding(p, dy, _real_x(p, rh, rw, k_h, k_w))
         return te.sum(dy * xv, axis=[rn, rh, rw])
 
     return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",
@@ -311,6 +339,7 @@ def _acc_cout_lanes(p: Plan, xq, dy32):
     def acc_t_body(cy1, k_h, k_w, ci, cy0):
         xv = xq[rn, ci, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation]
         dyv = dy32[rn, cy1, rh, rw, cy0].astype(p.acc_dtype)
+        dyv = _skip_padding(p, dyv, _real_x(p, rh, rw, k_h, k_w))
         return te.sum(dyv * xv, axis=[rn, rh, rw])
 
     return te.compute((p.c1y, p.lay.kh, p.lay.kw, p.cin, C0), acc_t_body, name="dw_acc_t",

@@ -12,10 +12,18 @@ over the taps where both divisions are exact and land inside dy.
 Tensors
 -------
 filters : 4-D FracZ (group FracZ when groups > 1), ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)``,
-    float16 or float32 (see :mod:`dsl.ops.group`).
-out_backprop : 5-D NC1HWC0, ``(N, ceil(Cout/16), Ho, Wo, 16)``, same dtype as ``filters``.
-result : 5-D NC1HWC0, ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype``; pad channels are zero.
-    Byte-identical to TBE's 4-D ``(N, C1, H*W, 16)``.
+    float16, bfloat16 or float32 (see :mod:`dsl.ops.group`); int8: TBE's int8 dx FracZ
+    ``(G*dy_c1e*KH*KW, dx_c1e, 16, 32)`` (:class:`dsl.ops.group.Int8DxLayout`).
+out_backprop : 5-D NC1HWC0, ``(N, ceil(Cout/16), Ho, Wo, 16)``, same dtype as ``filters``;
+    int8: ``(N, ceil(Cout/32), Ho, Wo, 32)``.
+result : 5-D NC1HWC0, ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype`` (int32 for int8);
+    pad channels are zero. Byte-identical to TBE's 4-D ``(N, C1, H*W, 16)``.
+
+int8 (TBE's quantised dx): every position of the stride-dilated, padded dy that is not a real
+dy element reads ``offset_x``; computed exactly in int32 as the phase reductions of
+``dy - offset_x`` (dy_pad's zeros are ``offset_x`` there) plus ``offset_x * wsum``.
+Float reductions never multiply dy_pad's padding in (a NaN / Inf weight would turn its zeros
+into NaN): taps that read it are skipped by a select of the weight.
 
 Code: :func:`plan` checks every argument (errors before any TE work) and decides the
 stages into a frozen :class:`Plan`; :func:`dy_stage`, :func:`weight_stage`, :func:`phase_acc`
@@ -43,19 +51,24 @@ multiplication by zero taps), so strided dx does exactly the forward's multiply-
     For a dense layer whose Cin pads worse to 16 than its Cout (an RGB stem) the vector runs
     along W instead: ``dx_acc_w*`` ``[N, Cin, Hq, Wq']`` (``Wq`` rounded up to 16), reading
     dy_pad as ``[N, Cout, Hp, Wp]`` and the weight stage as ``[Cin, KH, KW, Cout]``.
+    A phase whose first / last rows (columns) have taps in the padding computes those in
+    guarded blocks ``dx_accbh*`` (border rows) and ``dx_accbw*`` (border columns) that replace
+    them; ``dx_acc*`` itself has no guard (:func:`phase_acc`).
+``conv2d_backprop_input.wsum``    (int8, offset_x != 0) ``sum_{co, kh, kw} W`` per dx channel.
 ``conv2d_backprop_input``         the phases interleaved, pad channels zeroed, cast to
     ``res_dtype``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from dsl.errors import (
     E_CHANNEL,
     E_DTYPE,
     E_DTYPE_MISMATCH,
     E_GROUPS,
+    E_RANGE,
     E_SHAPE,
     E_VALUE,
     ceil_div,
@@ -67,13 +80,14 @@ from dsl.errors import (
 )
 from dsl.ops import tag
 from dsl.ops.conv_geometry import ConvAxis
-from dsl.ops.group import C0, GroupLayout, calculate_group, check_group_dict
+from dsl.ops.group import C0, C0_INT8, GroupLayout, Int8DxLayout, calculate_group, check_group_dict
 from dsl.ops.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute
 from dsl.ops.para_dict import Conv2dPara, check_offset_x, parse_conv2d_para
 
 TAG = tag.CONV2D_BACKPROP_INPUT
 ACC_DTYPE = "float32"
-DTYPES = ("float16", "float32")  # of filters and out_backprop (one dtype for both)
+DTYPES = ("float16", "float32", "bfloat16", "int8")  # of filters and out_backprop (one dtype)
+RES_DTYPES = ("float16", "float32", "bfloat16", "int32")  # int32 for (and only for) int8
 
 
 def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para_dict):
@@ -105,7 +119,8 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     wt = weight_stage(p, filters)
     accs = {(ph, pw): phase_acc(p, dyp, wt, ph, pw) for ph in range(len(p.phases_h))
             for pw in range(len(p.phases_w)) if p.phases_h[ph][2] and p.phases_w[pw][2]}
-    return interleave(p, accs, _attrs(p, filters, out_backprop))
+    return interleave(p, accs, _attrs(p, filters, out_backprop),
+                      wsum_stage(p, wt) if p.offset_x else None)
 
 
 # --- check and plan --------------------------------------------------------------------------
@@ -137,6 +152,8 @@ class Plan:
     size_w: int
     positions: bool
     acc_dtype: str  # every stage computes in it (see accumulation_dtype)
+    offset_x: int = 0  # int8 only: what the stride holes and the padding of dy read
+    qlay: Int8DxLayout | None = None  # int8 only: the int8 dx FracZ of ``filters``
 
     @property
     def n(self) -> int:
@@ -156,7 +173,13 @@ class Plan:
 
     @property
     def c1y(self) -> int:
-        return self.dy_shape[1]
+        """dy channel blocks of 16 as the stages read them (int8 dy comes in blocks of 32)."""
+        return ceil_div(self.cout, C0)
+
+    @property
+    def c0y(self) -> int:
+        """C0 of ``out_backprop``: 32 for int8 (TBE's CUBE_MKN int8 k0), else 16."""
+        return C0_INT8 if self.dtype == "int8" else C0
 
     @property
     def co_ext(self) -> int:
@@ -172,14 +195,17 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
     x_sizes = check_shape("input_sizes", input_sizes, 4)
     dy_shape = te_shape("out_backprop", out_backprop, 5)
     fz_shape = te_shape("filters", filters, 4)
-    dtype = _check_dtypes(filters, out_backprop)
+    dtype = _check_dtypes(filters, out_backprop, para.res_dtype)
+    offset_x = _check_offset_x(para_dict, dtype)
     groups = _groups(para_dict, x_sizes[1], w_sizes[1])
     gd = calculate_group((x_sizes[0], w_sizes[0], 1, 1), x_sizes, w_sizes, groups,
-                         filter_dtype=dtype)
+                         filter_dtype=dtype,
+                         names={"input_size_nchw": "input_sizes", "w_shape_nchw": "filter_sizes"})
     if "group_dict" in para_dict:
         check_group_dict(para_dict["group_dict"], gd)
     lay = GroupLayout.from_weight(w_sizes, groups)
-    _check_shapes(w_sizes, x_sizes, dy_shape, fz_shape, lay)
+    qlay = Int8DxLayout.from_weight(w_sizes, groups) if dtype == "int8" else None
+    _check_shapes(w_sizes, x_sizes, dy_shape, fz_shape, qlay or lay)
     (n, cin, h, w), (_, _, kh, kw) = x_sizes, w_sizes
     ah = ConvAxis.checked("H", h, dy_shape[2], kh, para.strides[0], para.pads[0], para.pads[1],
                           para.dilations[0])
@@ -187,13 +213,13 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
                           para.dilations[1])
     # input_sizes can fit int32 while its 5HD result (C padded to 16) does not
     check_elems("input_sizes", list(x_sizes), (n, ceil_div(cin, C0), h, w, C0), "the 5HD dx")
-    return _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw)
+    p = _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw)
+    return replace(p, offset_x=offset_x, qlay=qlay)
 
 
 def _check_para(para_dict) -> Conv2dPara:
-    para = parse_conv2d_para(para_dict, op=TAG, default_res_dtype="float16",
+    para = parse_conv2d_para(para_dict, op=TAG, default_res_dtype="float16", res_dtypes=RES_DTYPES,
                              allowed=("offset_x", "offset_w", "group_dict", "groups"))
-    check_offset_x(para_dict.get("offset_x", 0))
     if para_dict.get("offset_w") is not None:
         raise fail(E_VALUE, "para_dict['offset_w']", para_dict["offset_w"],
                    "must be None: weight offsets (int8 quantisation) are not supported")
@@ -202,18 +228,32 @@ def _check_para(para_dict) -> Conv2dPara:
 
 def accumulation_dtype(dtype: str) -> str:
     """The dtype the stages convert the inputs to and accumulate in, for an input ``dtype``
-    (of :data:`DTYPES`): float32 for float16 and float32 inputs."""
-    return ACC_DTYPE
+    (of :data:`DTYPES`): float32 for float16, bfloat16 and float32 inputs; int32 for int8
+    (exact: every product and sum of a real layer fits)."""
+    return "int32" if dtype == "int8" else ACC_DTYPE
 
 
-def _check_dtypes(filters, out_backprop) -> str:
+def _check_dtypes(filters, out_backprop, res_dtype: str) -> str:
     dtype = str(out_backprop.dtype)
     if dtype not in DTYPES:
-        raise fail(E_DTYPE, "out_backprop.dtype", dtype, "must be float16 or float32")
+        raise fail(E_DTYPE, "out_backprop.dtype", dtype, f"must be one of {', '.join(DTYPES)}")
     if str(filters.dtype) != dtype:
         raise fail(E_DTYPE_MISMATCH, "filters.dtype", str(filters.dtype),
                    f"must equal out_backprop.dtype={dtype}")
+    if (dtype == "int8") != (res_dtype == "int32"):
+        raise fail(E_DTYPE, "para_dict['res_dtype']", res_dtype,
+                   "must be 'int32' for int8 inputs (TBE's int8 dx), and only for int8 inputs"
+                   if dtype == "int8" else "must be float16, float32 or bfloat16 for "
+                   f"{dtype} inputs ('int32' belongs to int8 inputs)")
     return dtype
+
+
+def _check_offset_x(para_dict: dict, dtype: str) -> int:
+    """``offset_x``: the int8 input's quantisation offset in [-128, 127]; 0 for float inputs."""
+    if dtype != "int8":
+        return check_offset_x(para_dict.get("offset_x", 0))
+    return check_int("para_dict['offset_x']", para_dict.get("offset_x", 0), lo=-128, hi=127,
+                     code=E_RANGE)
 
 
 def _groups(para_dict: dict, cin: int, cin_g: int) -> int:
@@ -233,9 +273,10 @@ def _check_shapes(w_sizes, x_sizes, dy_shape, fz_shape, lay: GroupLayout) -> Non
     if dy_shape[0] != n:
         raise fail(E_SHAPE, "out_backprop.shape[0]", dy_shape[0],
                    f"must equal the batch input_sizes[0]={n}")
-    if dy_shape[1] != ceil_div(cout, C0) or dy_shape[4] != C0:
+    c0y = C0_INT8 if isinstance(lay, Int8DxLayout) else C0
+    if dy_shape[1] != ceil_div(cout, c0y) or dy_shape[4] != c0y:
         raise fail(E_CHANNEL, "out_backprop.shape", dy_shape,
-                   f"must be (N, ceil(Cout/16)={ceil_div(cout, C0)}, Ho, Wo, 16) for "
+                   f"must be (N, ceil(Cout/{c0y})={ceil_div(cout, c0y)}, Ho, Wo, {c0y}) for "
                    f"filter_sizes[0]=Cout={cout}")
     if fz_shape != lay.fracz_shape:
         raise fail(E_CHANNEL, "filters.shape", fz_shape,
@@ -264,8 +305,9 @@ def _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw) ->
 
 
 def _attrs(p: Plan, filters, out_backprop) -> dict:
-    params = {**p.para.as_json(), "offset_x": 0, "offset_w": None, "group_dict": p.group_dict,
-              "filter_sizes": list(p.w_sizes), "input_sizes": list(p.x_sizes)}
+    params = {**p.para.as_json(), "offset_x": p.offset_x, "offset_w": None,
+              "group_dict": p.group_dict, "filter_sizes": list(p.w_sizes),
+              "input_sizes": list(p.x_sizes)}
     formats = {filters.op.name: FORMAT_FRACZ if p.groups == 1 else FORMAT_FRACZ_G,
                out_backprop.op.name: FORMAT_5HD, "dx": FORMAT_5HD}
     return tag.kernel_attrs(TAG, params, formats)
@@ -283,16 +325,21 @@ def _channel(p: Plan, cx1, cx0):
 
 def _padded_dy(p: Plan, dy, b, ch, hp, wp):
     """dy channel ``ch`` at padded row / column ``(hp, wp)`` in ``p.acc_dtype``; zero in the
-    padding (the read is clamped so it stays in bounds where both arms are evaluated)."""
+    padding (the read is clamped so it stays in bounds where both arms are evaluated).
+
+    int8: ``dy - offset_x``, so the padding's 0 is the ``offset_x`` TBE reads there, and the
+    stride holes (never read) are added back as ``offset_x * sum(W)`` in :func:`interleave`."""
     import tvm
     from tvm import te
 
-    ah, aw = p.ah, p.aw
+    ah, aw, c0y = p.ah, p.aw, p.c0y
     src_h, src_w = hp - p.pad_h, wp - p.pad_w
-    val = dy[b, ch // C0, te.max(te.min(src_h, ah.n_out - 1), 0),
-             te.max(te.min(src_w, aw.n_out - 1), 0), ch % C0]
+    val = dy[b, ch // c0y, te.max(te.min(src_h, ah.n_out - 1), 0),
+             te.max(te.min(src_w, aw.n_out - 1), 0), ch % c0y].astype(p.acc_dtype)
+    if p.offset_x:
+        val = val - tvm.tirx.const(p.offset_x, p.acc_dtype)
     ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
-    return te.if_then_else(ok, val.astype(p.acc_dtype), tvm.tirx.const(0, p.acc_dtype))
+    return te.if_then_else(ok, val, tvm.tirx.const(0, p.acc_dtype))
 
 
 def dy_stage(p: Plan, out_backprop):
@@ -306,6 +353,8 @@ def dy_stage(p: Plan, out_backprop):
 
         return te.compute((p.n, p.cout, p.size_h, p.size_w), dyt_body, name="dx_dy_pad",
                           tag=tag.stage(TAG, "dy_pad"))
+    if p.qlay is not None and p.lay.dense:
+        return _dy_int8_dense(p, out_backprop)
     if p.lay.dense and p.dtype == p.acc_dtype and p.pad_h == p.pad_w == 0 and \
             (p.size_h, p.size_w) == (p.ah.n_out, p.aw.n_out):
         return out_backprop  # nothing to pad or convert (a 1x1 layer): no copy
@@ -313,6 +362,18 @@ def dy_stage(p: Plan, out_backprop):
         return pad_cast_5hd_compute(out_backprop, (p.pad_h, p.pad_w), (p.size_h, p.size_w),
                                     p.acc_dtype, name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
     return _dy_regather(p, out_backprop)
+
+
+def _dy_int8_dense(p: Plan, out_backprop):
+    """int8 dy (blocks of 32) padded and re-blocked to ``[N, C1y, Hp, Wp, 16]`` int32 (minus
+    ``offset_x``), the 5HD the dense reduction reads; pad channels meet zero weights."""
+    from tvm import te
+
+    def body(b, c1, hp, wp, c0):
+        return _padded_dy(p, out_backprop, b, te.min(c1 * C0 + c0, p.cout - 1), hp, wp)
+
+    return te.compute((p.n, p.c1y, p.size_h, p.size_w, C0), body, name="dx_dy_pad",
+                      tag=tag.stage(TAG, "dy_pad"))
 
 
 def _dy_regather(p: Plan, out_backprop):
@@ -344,6 +405,8 @@ def weight_stage(p: Plan, filters):
     lay, acc = p.lay, p.acc_dtype
     if p.positions:
         def weight_p_body(ci, k_h, k_w, co):
+            if p.qlay is not None:
+                return filters[p.qlay.fracz_index(co, ci, k_h, k_w)].astype(acc)
             row, lane = lay.fracz_row_lane(0, ci, k_h, k_w)
             return filters[row, co // C0, co % C0, lane].astype(acc)
 
@@ -352,9 +415,13 @@ def weight_stage(p: Plan, filters):
 
     def weight_body(cx1, k_h, k_w, co, cx0):
         g, ci = _channel(p, cx1, cx0)
-        row, lane = lay.fracz_row_lane(g, ci, k_h, k_w)
-        col1, col0 = lay.fracz_col(g, co)
-        val = filters[row, col1, col0, lane].astype(acc)
+        if p.qlay is not None:  # int8 dx FracZ; a pad Cout (< the 32-block) stays in bounds
+            co_c = te.min(co, p.cout - 1) if lay.dense else co  # pad Cout: masked below
+            val = filters[p.qlay.fracz_index(g * lay.cout_g + co_c, ci, k_h, k_w)].astype(acc)
+        else:
+            row, lane = lay.fracz_row_lane(g, ci, k_h, k_w)
+            col1, col0 = lay.fracz_col(g, co)
+            val = filters[row, col1, col0, lane].astype(acc)
         conds = []
         if p.cin % C0:
             conds.append(cx1 * C0 + cx0 < p.cin)
@@ -370,7 +437,11 @@ def weight_stage(p: Plan, filters):
 
 def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
     """``acc`` of the dx positions ``(q_h*sh + ph, q_w*sw + pw)``: every tap index is affine
-    in ``q`` and the reduction step ``(jh, jw)``."""
+    in ``q`` and the reduction step ``(jh, jw)``. Returns ``((acc, (0, 0)), borders)``: ``acc``
+    has no guard and is right wherever no tap reaches dy_pad's padding; each
+    ``(border, axis, lo, hi)`` of ``borders`` holds, guarded, the positions with
+    ``q_axis < lo`` or ``>= hi`` (``dx_accbh*``: those rows; ``dx_accbw*``: those columns),
+    which replace ``acc``'s there."""
     from tvm import te
 
     (nq_h, k0_h, nt_h, c_h), (nq_w, k0_w, nt_w, c_w) = p.phases_h[ph], p.phases_w[pw]
@@ -385,13 +456,59 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
                 k0_h + jh * st_h, k0_w + jw * st_w)
 
     suffix = "" if len(p.phases_h) * len(p.phases_w) == 1 else f"_{ph}_{pw}"
+    guard_h = _guard(p, p.ah, p.phases_h[ph], p.pad_h)
+    guard_w = _guard(p, p.aw, p.phases_w[pw], p.pad_w)
+    args = (p, dyp, wt, tap, (jh, jw))
     if p.positions:
-        return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
-    return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
+        return (_acc_positions(*args, (nq_h, nq_w), suffix, (guard_h, guard_w)), (0, 0)), []
+    # the main block is picked only where no tap reaches dy_pad's padding, so it has no
+    # guard (the dense loop is unchanged); the border rows / columns get small guarded blocks
+    main = _acc_lanes(*args, (nq_h, nq_w), suffix, (None, None))
+    borders = []
+    for axis, guard, nq in ((2, guard_h, nq_h), (3, guard_w, nq_w)):
+        if guard is None:
+            continue
+        lo, hi = guard[1], guard[2]
+        shape = (nq_h, lo + nq - hi) if axis == 3 else (lo + nq - hi, nq_w)
+        maps = [None, None]
+        maps[axis - 2] = (lambda k, lo=lo, hi=hi: k if hi == lo else
+                          te.if_then_else(k < lo, k, k + (hi - lo)))
+        name = f"b{'hw'[axis - 2]}{suffix}"
+        borders.append((_acc_lanes(*args, shape, name, (guard_h, guard_w), maps), axis, lo, hi))
+    return (main, (0, 0)), borders
 
 
-def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
-    """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``."""
+def _guard(p: Plan, ax, phase, pad: int):
+    """``(real, lo, hi)`` of one axis of a phase, or None when no listed tap of it reaches
+    dy_pad's padding. ``real(row, j)`` is the condition that tap ``j`` of position ``q`` reads
+    a real dy row ``row`` (padded index); positions ``lo <= q < hi`` never read padding.
+
+    Float reductions skip the padding by these conditions (a select of the weight, so a
+    NaN / Inf weight reaches exactly the dx positions whose taps meet real dy: 0 * Inf is
+    NaN) instead of multiplying its zeros in. int8 reads the padding on purpose (it is
+    ``offset_x``, see :func:`_padded_dy`)."""
+    count, _, taps, c = phase
+    if p.qlay is not None or not taps:
+        return None
+    dr = ax.tap_step * ax.dilation // ax.stride
+    # position q reads rows q + c - j*dr (unpadded), j < taps; positions may compute extra
+    # columns up to the padded size (never picked)
+    last = (p.size_w - pad if p.positions and ax is p.aw else count) - 1
+    if c - (taps - 1) * dr >= 0 and last + c <= ax.n_out - 1:
+        return None
+    lo = min(count, max(0, (taps - 1) * dr - c))
+    hi = max(lo, min(count, ax.n_out - c))
+
+    def real(row):
+        return (row >= pad) & (row < pad + ax.n_out)
+
+    return real, lo, hi
+
+
+def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, guards, maps=(None, None)):
+    """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``; ``maps`` take a row / column of
+    the block to the phase's position (a border block)."""
+    import tvm
     from tvm import te
 
     if p.lay.dense:
@@ -402,7 +519,9 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
         rco = te.reduce_axis((0, p.lay.cout_g), name="co")
         red = [*jhw, rco]
 
-    def body(b, cx1, qh, qw, cx0):
+    def body(b, cx1, kh_, kw_, cx0):
+        qh = maps[0](kh_) if maps[0] is not None else kh_
+        qw = maps[1](kw_) if maps[1] is not None else kw_
         row_h, row_w, k_h, k_w = tap(qh, qw)
         if p.lay.dense:
             dyv = dyp[b, rco1, row_h, row_w, rco0]
@@ -410,28 +529,63 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
         else:
             dyv = dyp[b, cx1, row_h, row_w, rco, cx0]
             wv = wt[cx1, k_h, k_w, rco, cx0]
+        conds = [g[0](r) for g, r in zip(guards, (row_h, row_w)) if g is not None]
+        if conds:  # the weight, not the product: one select per loaded weight vector
+            wv = te.if_then_else(tvm.tirx.all(*conds), wv, tvm.tirx.const(0, p.acc_dtype))
         return te.sum(dyv * wv, axis=red)
 
     return te.compute((p.n, p.c1x, *nq, C0), body, name=f"dx_acc{suffix}",
                       tag=tag.stage(TAG, "acc"))
 
 
-def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
+def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, guards):
     """W positions in the lanes: ``dx_acc_w* [N, Cin, Hq, Wq']``, ``Wq`` rounded up to 16."""
+    import tvm
     from tvm import te
 
     rco = te.reduce_axis((0, p.cout), name="co")
 
     def body_p(b, ci, qh, qw):
         row_h, row_w, k_h, k_w = tap(qh, qw)
-        return te.sum(dyp[b, rco, row_h, row_w] * wt[ci, k_h, k_w, rco], axis=[rco, *jhw])
+        wv = wt[ci, k_h, k_w, rco]
+        conds = [g[0](r) for g, r in zip(guards, (row_h, row_w)) if g is not None]
+        if conds:  # W positions are the lanes: a select per lane
+            wv = te.if_then_else(tvm.tirx.all(*conds), wv, tvm.tirx.const(0, p.acc_dtype))
+        return te.sum(dyp[b, rco, row_h, row_w] * wv, axis=[rco, *jhw])
 
     return te.compute((p.n, p.cin, nq[0], ceil_div(nq[1], C0) * C0), body_p,
                       name=f"dx_acc_w{suffix}", tag=tag.stage(TAG, "acc"))
 
 
-def interleave(p: Plan, accs: dict, attrs: dict):
-    """The anchor ``dx``: the phases interleaved, pad channels zeroed, cast to res_dtype."""
+def _clamp(k, extent: int):
+    """``k`` clamped into ``[0, extent)``: a vectorised select may evaluate both arms."""
+    from tvm import te
+
+    return te.max(te.min(k, extent - 1), 0)
+
+
+def wsum_stage(p: Plan, wt):
+    """``wsum`` (int8 with ``offset_x != 0``): ``sum_{co, kh, kw} W[co, c, kh, kw]`` per dx
+    channel (over its group's Cout), ``[C1x, 16]`` or ``[Cin]`` (positions): every tap that
+    reads no real dy element reads ``offset_x``, so ``offset_x * wsum`` restores them."""
+    from tvm import te
+
+    rkh = te.reduce_axis((0, p.lay.kh), name="wkh")
+    rkw = te.reduce_axis((0, p.lay.kw), name="wkw")
+    if p.positions:
+        rco = te.reduce_axis((0, p.cout), name="wco")
+        return te.compute((p.cin,), lambda ci: te.sum(wt[ci, rkh, rkw, rco], axis=[rkh, rkw, rco]),
+                          name="dx_wsum", tag=tag.stage(TAG, "wsum"))
+    rco = te.reduce_axis((0, p.co_ext), name="wco")
+    return te.compute((p.c1x, C0), lambda cx1, cx0: te.sum(wt[cx1, rkh, rkw, rco, cx0],
+                                                           axis=[rkh, rkw, rco]),
+                      name="dx_wsum", tag=tag.stage(TAG, "wsum"))
+
+
+def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
+    """The anchor ``dx``: the phases interleaved (``accs[(ph, pw)]`` is :func:`phase_acc`'s
+    ``(acc, borders)``), plus ``offset_x * wsum`` (int8), pad
+    channels zeroed, cast to res_dtype."""
     import tvm
     from tvm import te
 
@@ -440,7 +594,7 @@ def interleave(p: Plan, accs: dict, attrs: dict):
     def out_body(b, cx1, i, j, cx0):
         sh, sw = len(p.phases_h), len(p.phases_w)
         val = zero
-        for (ph, pw), acc in accs.items():
+        for (ph, pw), ((acc, _), borders) in accs.items():
             # clamped: a vectorised select may evaluate both arms
             qh = te.min(i // sh, p.phases_h[ph][0] - 1) if sh > 1 else i
             qw = te.min(j // sw, p.phases_w[pw][0] - 1) if sw > 1 else j
@@ -448,8 +602,17 @@ def interleave(p: Plan, accs: dict, attrs: dict):
                 pick = acc[b, te.min(cx1 * C0 + cx0, p.cin - 1), qh, qw]
             else:
                 pick = acc[b, cx1, qh, qw, cx0]
+            # border positions come from their guarded blocks
+            for border, axis, lo, hi in borders:
+                q = qh if axis == 2 else qw
+                k = _clamp(te.if_then_else(q < lo, q, q - (hi - lo)), int(border.shape[axis]))
+                idx = (b, cx1, k, qw, cx0) if axis == 2 else (b, cx1, qh, k, cx0)
+                pick = te.if_then_else(tvm.tirx.any(q < lo, q >= hi), border[idx], pick)
             conds = ([i % sh == ph] if sh > 1 else []) + ([j % sw == pw] if sw > 1 else [])
             val = te.if_then_else(tvm.tirx.all(*conds), pick, val) if conds else pick
+        if wsum is not None:
+            ws = wsum[te.min(cx1 * C0 + cx0, p.cin - 1)] if p.positions else wsum[cx1, cx0]
+            val = val + tvm.tirx.const(p.offset_x, p.acc_dtype) * ws
         if p.cin % C0:
             val = te.if_then_else(cx1 * C0 + cx0 < p.cin, val, zero)
         return val.astype(p.para.res_dtype)

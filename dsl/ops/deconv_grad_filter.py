@@ -53,7 +53,7 @@ from dsl.ops.conv_geometry import ConvAxis
 TAG = tag.DECONV_GRAD_FILTER
 ACC_DTYPE = "float32"
 DTYPES = ("float16", "float32")
-MAX_ELEMS = 2**31 - 1
+MAX_ELEMS = 2**63 - 1  # int64 indexing (dsl.runtime.schedule.INT64_INDEX_FROM)
 
 # Field order of DeconvGeometry, and the names errors use at the TE level.
 FIELDS = ("batch", "in_h", "in_w", "in_c", "dy_batch", "out_h", "out_w", "out_c",
@@ -163,7 +163,7 @@ def check_geometry(values: dict, names: dict | None = None) -> DeconvGeometry:
         if n > MAX_ELEMS:
             field = max(fields, key=lambda f: values[f])
             raise fail(E_SHAPE, names[field], values[field],
-                       f"makes {what} {n} elements; at most {MAX_ELEMS} fit int32 indexing")
+                       f"makes {what} {n} elements; at most {MAX_ELEMS} fit int64 indexing")
     return geo
 
 

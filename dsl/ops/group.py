@@ -23,7 +23,8 @@ C0 = 16  # channels per 5HD block and per FracZ fractal side, for float16 and fl
 
 # Filter formats calculate_group understands, as the permutation that brings them to NCHW.
 _TO_NCHW = {"NCHW": (0, 1, 2, 3), "NHWC": (0, 3, 1, 2), "HWCN": (3, 2, 0, 1)}
-_CUBE_K = {"float16": 16, "float32": 16, "bfloat16": 16}
+_CUBE_K = {"float16": 16, "float32": 16, "bfloat16": 16, "int8": 32}
+C0_INT8 = 32  # TBE's CUBE_MKN["int8"] k0: int8 5HD blocks and the int8 FracZ reduction side
 
 GROUP_DICT_KEYS = ("g_extend", "multiple_extend", "groups", "dx_c1_extend", "dy_c1_extend",
                    "dx_c_ori", "dy_c_ori", "filter_batch_ori", "filter_c_ori")
@@ -34,7 +35,8 @@ def _lcm(a: int, b: int) -> int:
 
 
 def calculate_group(out_backprop_nchw, input_size_nchw, w_shape_nchw, groups,
-                    filter_dtype="float16", filter_ori_format="NCHW") -> dict:
+                    filter_dtype="float16", filter_ori_format="NCHW", *,
+                    names: dict | None = None) -> dict:
     """The ``group_dict`` of seed 001 for a grouped ``conv2d_backprop_input``.
 
     Parameters
@@ -47,8 +49,12 @@ def calculate_group(out_backprop_nchw, input_size_nchw, w_shape_nchw, groups,
         Forward weight shape in ``filter_ori_format`` (``(Cout, Cin/groups, KH, KW)`` for NCHW).
     groups : int
     filter_dtype : str
-        Selects ``c0_size_k`` (16 for float16 and float32).
+        Selects ``c0_size_k`` (16 for float16, bfloat16 and float32; 32 for int8).
     filter_ori_format : {"NCHW", "NHWC", "HWCN"}
+    names : dict, optional
+        What errors call the three shapes, keyed by this function's parameter names: an
+        operator that derives them from its own arguments passes those (``{"input_size_nchw":
+        "input_sizes", ...}``) so the message names what its caller wrote.
 
     Returns
     -------
@@ -63,20 +69,23 @@ def calculate_group(out_backprop_nchw, input_size_nchw, w_shape_nchw, groups,
                    f"must be one of {', '.join(_TO_NCHW)}")
     if not isinstance(filter_dtype, str) or filter_dtype not in _CUBE_K:
         raise fail(E_TYPE, "filter_dtype", filter_dtype, f"must be one of {', '.join(_CUBE_K)}")
-    dy = check_ints("out_backprop_nchw", out_backprop_nchw, 4, lo=1, code=E_SHAPE)
-    dx = check_ints("input_size_nchw", input_size_nchw, 4, lo=1, code=E_SHAPE)
-    w_raw = check_ints("w_shape_nchw", w_shape_nchw, 4, lo=1, code=E_SHAPE)
+    n = {"out_backprop_nchw": "out_backprop_nchw", "input_size_nchw": "input_size_nchw",
+         "w_shape_nchw": "w_shape_nchw", **(names or {})}
+    dy = check_ints(n["out_backprop_nchw"], out_backprop_nchw, 4, lo=1, code=E_SHAPE)
+    dx = check_ints(n["input_size_nchw"], input_size_nchw, 4, lo=1, code=E_SHAPE)
+    w_raw = check_ints(n["w_shape_nchw"], w_shape_nchw, 4, lo=1, code=E_SHAPE)
     w = tuple(w_raw[i] for i in _TO_NCHW[filter_ori_format])
     groups = check_int("groups", groups, lo=1, code=E_GROUPS)
     if dy[1] != w[0]:
-        raise fail(E_CHANNEL, "out_backprop_nchw[1]", dy[1],
-                   f"must equal the filter's output channels w_shape[0]={w[0]}")
+        raise fail(E_CHANNEL, f"{n['out_backprop_nchw']}[1]", dy[1],
+                   f"must equal the filter's output channels ({n['w_shape_nchw']}: {w[0]})")
     if dx[1] != w[1] * groups:
-        raise fail(E_CHANNEL, "input_size_nchw[1]", dx[1],
-                   f"must equal w_shape[1] * groups = {w[1]} * {groups} = {w[1] * groups}")
+        raise fail(E_CHANNEL, f"{n['input_size_nchw']}[1]", dx[1],
+                   f"must equal the filter's input channels per group ({n['w_shape_nchw']}: "
+                   f"{w[1]}) * groups ({groups}) = {w[1] * groups}")
     if w[0] % groups:
         raise fail(E_GROUPS, "groups", groups,
-                   f"must divide the filter's output channels w_shape[0]={w[0]}")
+                   f"must divide the filter's output channels ({n['w_shape_nchw']}: {w[0]})")
     c0_size, c0_size_k = C0, _CUBE_K[filter_dtype]
     dx_c_ori = w[1]
     dy_c_ori = w[0] // groups
@@ -217,3 +226,51 @@ class GroupLayout:
         g = ge * self.multiple_extend + e_in
         conds = [("eq", e_in, e_out), ("lt", e_in, self.multiple_extend), ("lt", g, self.groups)]
         return g * self.cout_g + co, ci, kh, kw, conds
+
+
+@dataclass(frozen=True)
+class Int8DxLayout:
+    """TBE's int8 dx FracZ of ``W[Cout, Cin/groups, KH, KW]`` (CUBE_MKN int8, k0 = 32).
+
+    Shape ``(G*dy_c1e*KH*KW, dx_c1e, 16, 32)`` from :func:`calculate_group` with
+    ``filter_dtype="int8"`` (``c0_size_k = 32``): the dx GEMM reduces over Cout, so blocks of
+    32 (extended) Cout channels are the rows and the innermost axis, Cin blocks of 16 the
+    columns. With ``ge, e = divmod(g, E)``, ``cout_ext = e*Cout_g + co`` and
+    ``cin_ext = e*Cin_g + ci``::
+
+        FracZ[(ge*dy_c1e + cout_ext//32)*KH*KW + kh*KW + kw, cin_ext//16, cin_ext%16,
+              cout_ext%32] = W[g*Cout_g + co, ci, kh, kw]
+
+    Index arithmetic uses only ``+ * // %`` (ints, numpy arrays and TE expressions alike).
+    """
+
+    groups: int
+    cin_g: int
+    cout_g: int
+    kh: int
+    kw: int
+    multiple_extend: int
+    g_extend: int
+    dx_c1e: int
+    dy_c1e: int
+
+    @classmethod
+    def from_weight(cls, w_shape_nchw, groups: int) -> Int8DxLayout:
+        cout, cin_g, kh, kw = check_ints("w_shape_nchw", w_shape_nchw, 4, lo=1, code=E_SHAPE)
+        groups = check_int("groups", groups, lo=1, code=E_GROUPS)
+        gd = calculate_group((1, cout, 1, 1), (1, cin_g * groups, 1, 1), w_shape_nchw, groups,
+                             filter_dtype="int8")
+        return cls(groups, cin_g, cout // groups, kh, kw, gd["multiple_extend"],
+                   gd["g_extend"], gd["dx_c1_extend"], gd["dy_c1_extend"])
+
+    @property
+    def fracz_shape(self) -> tuple[int, int, int, int]:
+        return (self.g_extend * self.dy_c1e * self.kh * self.kw, self.dx_c1e, C0, C0_INT8)
+
+    def fracz_index(self, co_orig, ci, kh, kw):
+        """4-D int8 FracZ index of ``W[co_orig, ci, kh, kw]``."""
+        g, co = co_orig // self.cout_g, co_orig % self.cout_g
+        ge, e = g // self.multiple_extend, g % self.multiple_extend
+        cout_ext, cin_ext = e * self.cout_g + co, e * self.cin_g + ci
+        row = (ge * self.dy_c1e + cout_ext // C0_INT8) * (self.kh * self.kw) + kh * self.kw + kw
+        return row, cin_ext // C0, cin_ext % C0, cout_ext % C0_INT8

@@ -6,6 +6,9 @@
 FracZ / group FracZ
     See :class:`dsl.group.GroupLayout`: ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)``, axes 1-2 Cout,
     axis 3 Cin; ``groups == 1`` gives plain FracZ ``(C1*KH*KW, ceil(Cout/16), 16, 16)``.
+int8 (TBE's CUBE_MKN int8, k0 = 32)
+    The numpy packers pick these for int8 arrays: 5HD with C0 = 32, and the int8 dx FracZ
+    ``(G*dy_c1e*KH*KW, dx_c1e, 16, 32)`` of :class:`dsl.ops.group.Int8DxLayout`.
 
 The numpy functions are for hosts feeding kernels; the ``*_compute`` functions return TE tensors
 (tags ``layout.*``) so a user can build a transdata kernel with ``auto_schedule`` / ``build``.
@@ -25,7 +28,7 @@ from dsl.errors import (
     fail,
     te_shape,
 )
-from dsl.ops.group import C0, GroupLayout
+from dsl.ops.group import C0, C0_INT8, GroupLayout, Int8DxLayout
 from dsl.ops.tag import LAYOUT_FROM_5HD, LAYOUT_FROM_FRACZ, LAYOUT_TO_5HD, LAYOUT_TO_FRACZ
 
 FORMAT_5HD = "NC1HWC0"
@@ -45,35 +48,45 @@ def _as_array(param: str, a: object, rank: int) -> np.ndarray:
 
 # --- numpy host packers ----------------------------------------------------------------------
 
+def block_c0(dtype) -> int:
+    """5HD C0 of a numpy dtype: 32 for int8 (TBE's CUBE_MKN int8 k0), else 16."""
+    return C0_INT8 if np.dtype(dtype) == np.int8 else C0
+
+
 def nchw_to_5hd(x: np.ndarray) -> np.ndarray:
-    """``(N, C, *spatial)`` -> ``(N, ceil(C/16), *spatial, 16)``, pad channels zero."""
+    """``(N, C, *spatial)`` -> ``(N, ceil(C/C0), *spatial, C0)``, pad channels zero;
+    C0 = 16, or 32 for int8 arrays."""
     if not isinstance(x, np.ndarray) or x.ndim < 3:
         raise fail(E_SHAPE, "x", getattr(x, "shape", x), "must be an ndarray (N, C, *spatial)")
     if 0 in x.shape:  # C == 0 would give a 5HD with no C1 blocks, which no kernel takes
         raise fail(E_SHAPE, "x.shape", x.shape, "must have no zero dimension")
     n, c, *sp = x.shape
-    c1 = ceil_div(c, C0)
-    out = np.zeros((n, c1 * C0, *sp), dtype=x.dtype)
+    c0 = block_c0(x.dtype)
+    c1 = ceil_div(c, c0)
+    out = np.zeros((n, c1 * c0, *sp), dtype=x.dtype)
     out[:, :c] = x
-    out = out.reshape(n, c1, C0, *sp)
+    out = out.reshape(n, c1, c0, *sp)
     return np.ascontiguousarray(np.moveaxis(out, 2, -1))
 
 
 def nc1hwc0_to_nchw(x5: np.ndarray, channels: int) -> np.ndarray:
-    """Inverse of :func:`nchw_to_5hd`: ``(N, C1, *spatial, 16)`` -> ``(N, channels, *spatial)``."""
-    if not isinstance(x5, np.ndarray) or x5.ndim < 4 or x5.shape[-1] != C0:
+    """Inverse of :func:`nchw_to_5hd`: ``(N, C1, *spatial, C0)`` -> ``(N, channels, *spatial)``
+    (C0 = 32 for int8 arrays, else 16)."""
+    c0 = block_c0(x5.dtype) if isinstance(x5, np.ndarray) else C0
+    if not isinstance(x5, np.ndarray) or x5.ndim < 4 or x5.shape[-1] != c0:
         raise fail(E_SHAPE, "x5", getattr(x5, "shape", x5),
-                   f"must be an ndarray (N, C1, *spatial, {C0})")
-    channels = check_int("channels", channels, lo=1, hi=x5.shape[1] * C0, code=E_SHAPE)
+                   f"must be an ndarray (N, C1, *spatial, {c0})")
+    channels = check_int("channels", channels, lo=1, hi=x5.shape[1] * c0, code=E_SHAPE)
     n, c1, *sp, _ = x5.shape
-    full = np.moveaxis(x5, -1, 2).reshape(n, c1 * C0, *sp)
+    full = np.moveaxis(x5, -1, 2).reshape(n, c1 * c0, *sp)
     return np.ascontiguousarray(full[:, :channels])
 
 
 def weight_to_fracz(w: np.ndarray, groups: int = 1) -> np.ndarray:
-    """Forward weight ``W[Cout, Cin/groups, KH, KW]`` -> group FracZ (plain FracZ for groups=1)."""
+    """Forward weight ``W[Cout, Cin/groups, KH, KW]`` -> group FracZ (plain FracZ for groups=1);
+    int8 weights go to TBE's int8 dx FracZ (:class:`dsl.ops.group.Int8DxLayout`)."""
     w = _as_array("w", w, 4)
-    lay = GroupLayout.from_weight(w.shape, groups)
+    lay = _weight_layout(w.dtype, w.shape, groups)
     out = np.zeros(lay.fracz_shape, dtype=w.dtype)
     co, ci, kh, kw = np.meshgrid(*(np.arange(s) for s in w.shape), indexing="ij")
     out[lay.fracz_index(co, ci, kh, kw)] = w
@@ -81,15 +94,22 @@ def weight_to_fracz(w: np.ndarray, groups: int = 1) -> np.ndarray:
 
 
 def fracz_to_weight(fz: np.ndarray, w_shape_nchw, groups: int = 1) -> np.ndarray:
-    """Inverse of :func:`weight_to_fracz`: gather ``W[Cout, Cin/groups, KH, KW]`` back."""
+    """Inverse of :func:`weight_to_fracz`: gather ``W[Cout, Cin/groups, KH, KW]`` back (from
+    the int8 dx FracZ for int8 arrays)."""
     fz = _as_array("fz", fz, 4)
     w_shape = check_shape("w_shape_nchw", w_shape_nchw, 4)
-    lay = GroupLayout.from_weight(w_shape, groups)
+    lay = _weight_layout(fz.dtype, w_shape, groups)
     if fz.shape != lay.fracz_shape:
         raise fail(E_SHAPE, "fz.shape", fz.shape,
                    f"must be {lay.fracz_shape} for weight {w_shape} with groups={groups}")
     co, ci, kh, kw = np.meshgrid(*(np.arange(s) for s in w_shape), indexing="ij")
     return fz[lay.fracz_index(co, ci, kh, kw)]
+
+
+def _weight_layout(dtype, w_shape, groups: int):
+    if np.dtype(dtype) == np.int8:
+        return Int8DxLayout.from_weight(w_shape, groups)
+    return GroupLayout.from_weight(w_shape, groups)
 
 
 # --- TE computes (build into transdata kernels) ----------------------------------------------

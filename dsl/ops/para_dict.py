@@ -9,6 +9,10 @@ from dsl.errors import E_NAME, E_RANGE, E_TYPE, E_VALUE, check_dtype, check_int,
 
 KERNEL_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 KERNEL_NAME_MAX = 200
+# Strides, pads and dilations enter the index arithmetic as 32-bit TIR constants. TBE's own
+# bounds (strides <= 63: the Ascend load3d instruction; pads, dilations <= 255) are limits of
+# the chip, not of the math, and are not copied; the geometry checks refuse what is inconsistent.
+PARAM_MAX = 2**31 - 1
 
 
 def check_kernel_name(param: str, name: object) -> str:
@@ -41,7 +45,8 @@ class Conv2dPara:
 
 
 def parse_conv2d_para(para_dict: object, *, op: str, allowed: tuple[str, ...],
-                      default_res_dtype: str) -> Conv2dPara:
+                      default_res_dtype: str,
+                      res_dtypes: tuple[str, ...] = ("float16", "float32")) -> Conv2dPara:
     """Check the keys common to conv2d_backprop_input / _filter. Unknown keys are refused so a
     typo (``"stride"``) cannot silently fall back to a default."""
     if not isinstance(para_dict, dict):
@@ -52,16 +57,16 @@ def parse_conv2d_para(para_dict: object, *, op: str, allowed: tuple[str, ...],
             raise fail(E_VALUE, f"para_dict['{key}']", para_dict[key],
                        f"is not a parameter of {op}; allowed keys: {', '.join(known)}")
     strides = check_ints("para_dict['strides']", para_dict.get("strides", (1, 1)), 2, lo=1,
-                         hi=63)
+                         hi=PARAM_MAX)
     pads = check_ints("para_dict['padding']", para_dict.get("padding", (0, 0, 0, 0)), 4, lo=0,
-                      hi=255)
+                      hi=PARAM_MAX)
     dil = check_ints("para_dict['dilations']", para_dict.get("dilations", (1, 1, 1, 1)), 4,
-                     lo=1, hi=255)
+                     lo=1, hi=PARAM_MAX)
     if dil[0] != 1 or dil[1] != 1:
         raise fail(E_RANGE, "para_dict['dilations']", list(dil),
                    "must be [1, 1, dilation_h, dilation_w]: N and C dilations are 1")
     res_dtype = check_dtype("para_dict['res_dtype']",
-                            para_dict.get("res_dtype", default_res_dtype), ("float16", "float32"))
+                            para_dict.get("res_dtype", default_res_dtype), res_dtypes)
     kernel_name = check_kernel_name("para_dict['kernel_name']",
                                     para_dict.get("kernel_name", op))
     return Conv2dPara(strides, pads, (dil[2], dil[3]), res_dtype, kernel_name, {})

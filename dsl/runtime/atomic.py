@@ -29,8 +29,9 @@ def pid_alive(pid: int) -> bool:
 
 
 def sweep_dead_temps(directory: Path, stem: str) -> None:
-    """Remove temporaries of ``stem`` left in ``directory`` by writers that died."""
-    for tmp in directory.glob(f".{stem}.*.tmp"):
+    """Remove temporaries of ``stem`` left in ``directory`` by writers (and loaders'
+    private library copies, ``*.tmp.so``) that died."""
+    for tmp in [*directory.glob(f".{stem}.*.tmp"), *directory.glob(f".{stem}.*.tmp.so")]:
         pid = tmp.name[len(stem) + 2:].split(".", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(FileNotFoundError):

@@ -83,7 +83,7 @@ def _check_config(sch, config) -> tuple[str, list, Path, bool, bool]:
         if any(str(getattr(d, "ty", "")) == "bool" for d in t.shape):
             raise fail(E_TYPE, "config['tensor_list']", t.op.name,
                        "has a bool in its shape: dimensions must be integers")
-    for op in computes:  # every stage, before lowering: TVM indexes buffers with int32
+    for op in computes:  # every stage, before lowering: at most int64-indexable
         for k in range(op.num_outputs):
             shape = [int(d) for d in op.output(k).shape]
             check_elems("config['tensor_list']", op.name, shape, f"stage '{op.name}'")
@@ -100,6 +100,7 @@ def _check_config(sch, config) -> tuple[str, list, Path, bool, bool]:
             role = "output" if any(same_tensor(t, o) for o in sch.outputs) else "input"
             raise fail(E_VALUE, "config['tensor_list']", [u.op.name for u in tensors],
                        f"must include {role} '{t.op.name}'")
+    _check_inputs_first(sch, tensors)
     parent = config.get("kernel_meta_parent_dir", None)
     if parent is None:
         parent = os.getcwd()
@@ -115,12 +116,49 @@ def _check_config(sch, config) -> tuple[str, list, Path, bool, bool]:
     return name, tensors, Path(parent) / "kernel_meta", flags[0], flags[1]
 
 
+def _check_inputs_first(sch: Schedule, tensors: list) -> None:
+    """Inputs, then outputs, as TBE's build requires: the kernel is called in this order, and
+    ``load``'s callable takes the inputs first, so an input after an output would be fed the
+    wrong array."""
+    is_out = [any(same_tensor(t, o) for o in sch.outputs) for t in tensors]
+    if True not in is_out:
+        return
+    first = is_out.index(True)
+    for i in range(first + 1, len(tensors)):
+        if not is_out[i]:
+            raise fail(E_VALUE, f"config['tensor_list'][{i}]", tensors[i].op.name,
+                       f"is an input listed after the output '{tensors[first].op.name}' "
+                       f"(config['tensor_list'][{first}]): list the inputs first, then the "
+                       f"outputs, e.g. {[t.op.name for t, o in zip(tensors, is_out) if not o]}"
+                       f" + {[t.op.name for t, o in zip(tensors, is_out) if o]}")
+
+
 def lower(sch: Schedule, name: str, tensor_list):
     """The scheduled IRModule with its one function named ``name``."""
     import tvm
 
     func = sch.s_tir(tensor_list).mod["main"].with_attr("global_symbol", name)
     return tvm.IRModule({name: func})
+
+
+# TVM 0.27's UnrollLoop multiplies a loop's extent by its body's step count in 32-bit ints: a
+# long loop around an unrolled body (a reduction over 2**30 positions) overflows to a negative
+# count, passes the "small enough to unroll" test and is unrolled into billions of statements
+# (the process dies in bad_alloc). TVM's defaults auto-unroll nothing else (max step and max
+# extent 0), so a depth of 0 changes no other kernel; explicit unroll loops still unroll.
+COMPILE_CONFIG = {"tirx.UnrollLoop": {"auto_max_depth": 0}}
+
+
+def compile_module(mod, target):
+    """``tvm.compile`` with :data:`COMPILE_CONFIG` added to the current pass context."""
+    import tvm
+
+    cur = tvm.transform.PassContext.current()
+    config = {**{str(k): v for k, v in cur.config.items()}, **COMPILE_CONFIG}
+    with tvm.transform.PassContext(opt_level=cur.opt_level, required_pass=cur.required_pass,
+                                   disabled_pass=cur.disabled_pass,
+                                   instruments=cur.instruments, config=config):
+        return tvm.compile(mod, target=target)
 
 
 def cache_key(mod, sch: Schedule) -> str:
@@ -262,12 +300,11 @@ def build(sch: Schedule, config: dict) -> dict | object:
         return reused  # a published tuned kernel was verified when it was first built
     _check_free_space(meta_dir)
 
-    import tvm
 
     lib = None
     if is_tuned(sch):
         try:
-            lib = tvm.compile(mod, target=sch.target.tvm_target())
+            lib = compile_module(mod, sch.target.tvm_target())
             problem = verify_tuned(sch, lib.jit(), name, tensors)
         except Exception as exc:  # noqa: BLE001 - any failure of a tuned schedule -> default
             problem = f"it fails to build or run: {exc}"
@@ -286,13 +323,14 @@ def build(sch: Schedule, config: dict) -> dict | object:
         fd, tmp_so = tempfile.mkstemp(prefix=tmp_prefix(name), suffix=".so.tmp", dir=meta_dir)
         os.close(fd)
         if lib is None:
-            lib = tvm.compile(mod, target=sch.target.tvm_target())
+            lib = compile_module(mod, sch.target.tvm_target())
         lib.export_library(tmp_so)
         digest = sha256_file(Path(tmp_so))
         info = sch.op_info()
         meta = {"name": name, "function": name, "op": info["op"], "params": info["params"],
                 "tensors": _tensor_entries(sch, tensors), "target": sch.target.as_json(),
                 "versions": versions(), "schedule": _schedule_meta(sch),
+                "index_dtype": sch.index_dtype(),
                 "sha256": digest, "cache_key": key,
                 "build_seconds": round(time.perf_counter() - t0, 4)}
         fd, tmp_js = tempfile.mkstemp(prefix=tmp_prefix(name), suffix=".json.tmp",
@@ -413,10 +451,9 @@ def verify_tuned(sch: Schedule, rt_tuned, name: str, tensors) -> str | None:
     Returns None when they agree, else what is wrong.
     """
     import numpy as np
-    import tvm
 
     base = default_schedule(sch)
-    rt_default = tvm.compile(lower(base, name, tensors), target=sch.target.tvm_target()).jit()
+    rt_default = compile_module(lower(base, name, tensors), sch.target.tvm_target()).jit()
     inputs = random_inputs(tensors, sch)
     want = run_module(rt_default, name, tensors, sch, inputs, 0.0)
     got = run_module(rt_tuned, name, tensors, sch, inputs, float("nan"))

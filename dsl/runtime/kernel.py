@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import math
 import os
+import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -306,7 +309,8 @@ def load(name: str, kernel_meta_parent_dir: str | os.PathLike | None = None) -> 
 
     Refuses (with :class:`dsl.DslError`, code E60040) a missing file, a malformed JSON, a
     ``.so`` whose sha256 differs from the JSON's, or a kernel built for another target or DSL
-    version.
+    version. The library returned is the one on disk now: a kernel rebuilt under ``name`` since
+    an earlier ``load`` (by this or another process or thread) loads as rebuilt.
     """
     name = check_kernel_name("name", name)
     if kernel_meta_parent_dir is not None and (
@@ -350,10 +354,6 @@ def _shared_lock(path: Path):
 
 
 def _load_files(name: str, so: Path, js: Path) -> Kernel:
-    import tvm_ffi
-
-    from dsl.runtime.build import sha256_file
-
     for p in (so, js):
         if not p.is_file():
             raise fail(E_FILE, "name", name, f"has no {p}; build it first with dsl.build")
@@ -374,15 +374,13 @@ def _load_files(name: str, so: Path, js: Path) -> Kernel:
     except (ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError) as exc:
         # RecursionError: json.loads of a deeply nested file ("[[[[...") is not a ValueError
         raise fail(E_FILE, "kernel json", str(js), f"is malformed ({exc}); rebuild it") from None
-    if sha256_file(so) != digest:
+    data = so.read_bytes()  # hashed and loaded from these very bytes, not the path again
+    if hashlib.sha256(data).hexdigest() != digest:
         raise fail(E_FILE, "kernel .so", str(so),
                    "does not match the sha256 in its .json (modified or half-written); rebuild")
     _compatible(meta)
     try:  # a .so and .json that agree can still both be foreign: not a TVM library at all
-        # keep_module_alive=False: tvm.runtime.load_module pins every library for the life of
-        # the process (a dlopen'ed .so per kernel, never released); a Kernel owns its module,
-        # and its function keeps the module alive while anyone still holds the function.
-        module = tvm_ffi.load_module(os.path.realpath(so), keep_module_alive=False)
+        module = _load_private_copy(name, so, data)
         func = module.get_function(meta.get("function", name), query_imports=True)
     except Exception as exc:  # noqa: BLE001 - any loader failure means an unusable library
         raise fail(E_FILE, "kernel .so", str(so),
@@ -390,3 +388,56 @@ def _load_files(name: str, so: Path, js: Path) -> Kernel:
     if func is None:
         raise fail(E_FILE, "kernel .so", str(so), f"exports no function '{name}'; rebuild it")
     return Kernel(meta, module, func)
+
+
+_FALLBACK_DIR: list[str] = []
+_FALLBACK_LOCK = threading.Lock()
+
+
+def _fallback_dir() -> str:
+    """A private directory of this process, for kernels whose kernel_meta/ is read-only."""
+    with _FALLBACK_LOCK:
+        if not _FALLBACK_DIR:
+            import atexit
+            import shutil
+
+            _FALLBACK_DIR.append(tempfile.mkdtemp(prefix=f"dsl-load-{os.getpid()}-"))
+            atexit.register(shutil.rmtree, _FALLBACK_DIR[0], True)
+        return _FALLBACK_DIR[0]
+
+
+def _load_private_copy(name: str, so: Path, data: bytes):
+    """dlopen ``data`` (the bytes of ``so`` that were hashed) from a file of its own.
+
+    The dynamic loader keeps one copy of a library per path: dlopen of a path that is still
+    loaded returns the library already mapped, even after a rebuild renamed a new ``.so`` over
+    it, so a second ``load`` of a rebuilt kernel ran the first build. Each load therefore maps
+    a fresh private copy (beside the ``.so``, or in a private temporary directory when
+    ``kernel_meta/`` is read-only), unlinked once mapped: what ``load`` returns is what is on
+    disk now, in any thread or process, and an older Kernel keeps running its own library.
+    """
+    import tvm_ffi
+
+    from dsl.runtime.atomic import tmp_prefix
+
+    last: Exception = OSError("no place to write a private copy")
+    for where in (so.parent, None):
+        try:
+            fd, path = tempfile.mkstemp(prefix=tmp_prefix(name), suffix=".tmp.so",
+                                        dir=where if where is not None else _fallback_dir())
+        except OSError as exc:
+            last = exc
+            continue
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            # keep_module_alive=False: tvm.runtime.load_module pins every library for the life
+            # of the process; a Kernel owns its module, and its function keeps the module alive
+            # while anyone still holds the function.
+            return tvm_ffi.load_module(path, keep_module_alive=False)
+        except Exception as exc:  # noqa: BLE001 - a full disk, a noexec mount: the next place
+            last = exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+    raise last

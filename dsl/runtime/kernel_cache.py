@@ -44,10 +44,15 @@ def cache_root() -> Path:
 
 
 def signature_key(signature: dict, target: targets.CpuTarget) -> str:
+    from dsl.runtime import schedule
     from dsl.runtime.build import versions
 
-    text = json.dumps({"sig": signature, "target": target.as_json(), "versions": versions()},
-                      sort_keys=True, default=str)
+    key = {"sig": signature, "target": target.as_json(), "versions": versions()}
+    if schedule.INT64_INDEX_FROM != 2**31:
+        # forced int64 indexing (tests lower the threshold) builds another library; the
+        # default is left out of the key so existing caches stay valid
+        key["int64_index_from"] = schedule.INT64_INDEX_FROM
+    text = json.dumps(key, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import targets
 from dsl.errors import E_VALUE, fail
 from dsl.runtime.target import get as target_get
+
+# A tensor of this many elements or more is indexed in 64 bits: TVM's default int32 index
+# arithmetic would wrap past 2**31 - 1 silently. Smaller kernels keep int32 (narrower address
+# arithmetic, the schedules' tuned shape). Tests lower it to run int64 indexing on small shapes.
+INT64_INDEX_FROM = 2**31
 
 
 def _as_list(res) -> list:
@@ -96,10 +102,22 @@ class Schedule:
                  for k, v in (anchor.attrs.items() if anchor.attrs else [])}
         return Workload(self.anchor_tag, blocks, attrs, self.target, stages=stages)
 
+    def index_dtype(self) -> str:
+        """``"int64"`` when some tensor of the kernel (argument or stage) has at least
+        :data:`INT64_INDEX_FROM` elements, else ``"int32"`` (TVM's default, faster)."""
+        placeholders, computes = walk(self.outputs)
+        shapes = [t.shape for t in placeholders]
+        shapes += [op.output(k).shape for op in computes for k in range(op.num_outputs)]
+        big = any(math.prod(int(d) for d in s) >= INT64_INDEX_FROM for s in shapes)
+        return "int64" if big else "int32"
+
     def prim_func(self, tensor_list=None):
         from tvm import te
 
-        return te.create_prim_func(list(tensor_list or self.default_tensor_list()))
+        args = list(tensor_list or self.default_tensor_list())
+        if self.index_dtype() == "int64":  # every index, loop and shape in 64 bits
+            return te.create_prim_func(args, index_dtype_override="int64")
+        return te.create_prim_func(args)
 
     def s_tir(self, tensor_list=None):
         """The ``tvm.s_tir.Schedule`` of this kernel with its rule applied."""
@@ -109,7 +127,8 @@ class Schedule:
         if self.override is not None:
             self.override(sch)
         else:
-            self.apply_rule(sch)
+            # int64 kernels: TVM 0.27's fuse folds wide extents to int32 (see _WideFuse)
+            self.apply_rule(_WideFuse(sch) if self.index_dtype() == "int64" else sch)
         return sch
 
     def apply_rule(self, sch) -> None:
@@ -127,6 +146,32 @@ class Schedule:
         return {"op": attrs.get("dsl_op", self.anchor_tag or self.outputs[0].op.name),
                 "params": json.loads(attrs.get("dsl_params", "{}")),
                 "formats": json.loads(attrs.get("dsl_formats", "{}"))}
+
+
+class _WideFuse:
+    """An s_tir schedule whose ``fuse`` works on loops of 2**31 iterations or more.
+
+    TVM 0.27's fuse folds the product of the inner loops' extents as an int32 constant, so
+    fusing loops whose inner extents multiply to 2**31 or more fails ("Literal value ...
+    exceeds range of int32") even with int64 loops. Here only the innermost loops whose inner
+    products fit are fused, the outer ones stay serial around the fused loop (a parallel
+    loop inside them is still parallel). Everything else goes to the schedule unchanged.
+    """
+
+    def __init__(self, sch):
+        self._sch = sch
+
+    def __getattr__(self, name):
+        return getattr(self._sch, name)
+
+    def fuse(self, *loops, preserve_unit_iters: bool = True):
+        extents = [int(self._sch.get(loop).extent) for loop in loops]
+        first = 0
+        while first < len(loops) - 1 and math.prod(extents[first + 1:]) >= 2**31:
+            first += 1
+        if first == len(loops) - 1:
+            return loops[-1]
+        return self._sch.fuse(*loops[first:], preserve_unit_iters=preserve_unit_iters)
 
 
 @dataclass

@@ -97,11 +97,10 @@ def test_temporaries_carry_the_builder_pid(tmp_path, monkeypatch):
 
 
 # Found by hypothesis (test_properties, dx with a non-finite weight), shrunk to this case:
-# the dx kernel gathers over every tap and multiplies taps that fall outside dy by the zero
-# padding of dy, so a NaN / inf weight turns 0 * NaN into NaN at dx positions that tap never
-# reaches (the scatter-form reference, like the math, has no such product). The compute body
-# of dsl/conv2d_backprop_input.py is owned elsewhere; reported, pinned here until fixed.
-@pytest.mark.xfail(strict=True, reason="dx multiplies weights by dy's zero padding (reported)")
+# the dx kernel gathered over every tap and multiplied taps that fall outside dy by the zero
+# padding of dy, so a NaN / inf weight turned 0 * NaN into NaN at dx positions that tap never
+# reaches (the scatter-form reference, like the math, has no such product). The reductions
+# now skip padded reads by a predicate (dsl/ops/conv2d_backprop_input.py, _reads_real_dy).
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_dx_nonfinite_weight_does_not_leak_through_padding(value):
     from helpers import dx_kernel

@@ -196,14 +196,14 @@ def _conv2d_fwd(d) -> Case:
 
 
 def _softmax(d) -> Case:
-    import dsl
-    from dsl import tvm
+    from dsl.compat import tvm
+    from dsl.ops import vector as vec
 
     rows, cols = d["rows"], d["cols"]
     x = tvm.placeholder((rows, cols), name="x", dtype="float32")
-    m = dsl.broadcast(dsl.reduce_max(x, -1, keepdims=True), (rows, cols))
-    e = dsl.vexp(dsl.vsub(x, m))
-    y = dsl.vdiv(e, dsl.broadcast(dsl.reduce_sum(e, -1, keepdims=True), (rows, cols)))
+    m = vec.broadcast(vec.reduce_max(x, -1, keepdims=True), (rows, cols))
+    e = vec.vexp(vec.vsub(x, m))
+    y = vec.vdiv(e, vec.broadcast(vec.reduce_sum(e, -1, keepdims=True), (rows, cols)))
     xv = _data((rows, cols), 10, 3.0)
 
     def numpy_fn():
@@ -265,13 +265,13 @@ def _rms_norm(d) -> Case:
 
 
 def _elementwise_chain(d) -> Case:
-    import dsl
-    from dsl import tvm
+    from dsl.compat import tvm
+    from dsl.ops import vector as vec
 
     n = d["n"]
     a = tvm.placeholder((n,), name="a", dtype="float32")
     b = tvm.placeholder((n,), name="b", dtype="float32")
-    y = dsl.vadd(dsl.vmul(dsl.vexp(a), b), a)
+    y = vec.vadd(vec.vmul(vec.vexp(a), b), a)
     av, bv = _data((n,), 16), _data((n,), 17)
 
     def torch_fn(torch):
@@ -329,8 +329,8 @@ def _torch_args(layer):
 
 def _dx_residual_relugrad(d) -> Case:
     """``dx = conv2d_backprop_input(w, dy)``; ``out = fwd > 0 ? dx + residual : 0``."""
-    import dsl
-    from dsl import tvm
+    from dsl.compat import tvm
+    from dsl.ops import vector as vec
     from dsl.ops.layout import nc1hwc0_to_nchw, nchw_to_5hd
 
     layer = d["layer"]
@@ -340,7 +340,7 @@ def _dx_residual_relugrad(d) -> Case:
     shape5 = tuple(int(v) for v in dx_t.shape)
     res_t = tvm.placeholder(shape5, name="residual", dtype="float32")
     fwd_t = tvm.placeholder(shape5, name="fwd", dtype="float32")
-    out = dsl.vsel(dsl.vcmp(fwd_t, 0.0, "gt"), dsl.vadd(dx_t, res_t), 0.0)
+    out = vec.vsel(vec.vcmp(fwd_t, 0.0, "gt"), vec.vadd(dx_t, res_t), 0.0)
     x_shape = (layer.n, layer.cin, layer.hw, layer.hw)
     res, fwd = _data(x_shape, 23), _data(x_shape, 24)
     plain = _plain([dx_t], [w_t, dy_t], [wfz, dy5], f"bench_user_plain_dx_{layer.name}")
@@ -357,8 +357,8 @@ def _dx_residual_relugrad(d) -> Case:
 
 def _dw_scale_fp16(d) -> Case:
     """``dw = conv2d_backprop_filter(x, dy)``; ``out = cast_to(dw * scale, float16)``."""
-    import dsl
-    from dsl import tvm
+    from dsl.compat import tvm
+    from dsl.ops import vector as vec
     from dsl.ops.conv2d_backprop_filter import conv2d_backprop_filter
     from dsl.ops.layout import fracz_to_weight
 
@@ -368,7 +368,7 @@ def _dw_scale_fp16(d) -> Case:
     dy_t = tvm.placeholder(dy5.shape, name="out_backprop", dtype="float32")
     dw_t = conv2d_backprop_filter(x_t, dy_t, layer.w_shape(),
                                   layer.para(res_dtype="float32", groups=layer.groups))
-    out = dsl.cast_to(dsl.vmuls(dw_t, scale), "float16")
+    out = vec.cast_to(vec.vmuls(dw_t, scale), "float16")
     plain = _plain([dw_t], [x_t, dy_t], [x5, dy5], f"bench_user_plain_dw_{layer.name}")
 
     def torch_fn(torch):
@@ -383,14 +383,14 @@ def _dw_scale_fp16(d) -> Case:
 
 def _dy_scale_fp16_dx(d) -> Case:
     """Prologue: ``dy16 = cast_to(dy * scale, float16)``, then ``conv2d_backprop_input``."""
-    import dsl
-    from dsl import tvm
+    from dsl.compat import tvm
+    from dsl.ops import vector as vec
     from dsl.ops.layout import nc1hwc0_to_nchw
 
     layer, scale = d["layer"], 0.5
     dy, _, w, dy5, _, wfz = _cube_data(layer, 40)
     dy_t = tvm.placeholder(dy5.shape, name="dy_fp32", dtype="float32")
-    dy16 = dsl.cast_to(dsl.vmuls(dy_t, scale), "float16")
+    dy16 = vec.cast_to(vec.vmuls(dy_t, scale), "float16")
     w_t, dx_t = _dx_graph(layer, dy16, "float16")
     wfz16 = wfz.astype(np.float16)
     plain_dy = tvm.placeholder(dy5.shape, name="out_backprop", dtype="float16")

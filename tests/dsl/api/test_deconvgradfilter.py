@@ -205,9 +205,9 @@ def _with(p, **changes):
     ({"i8": 0}, "E60003", "param[8]"),
     ({"i1": True}, "E60005", "param[1]"),
     ({"i2": 4.0}, "E60005", "param[2]"),
-    ({"i0": 1 << 28, "i4": 1 << 28}, "E60003", "param[0]"),  # beyond int32 indexing
-    ({"i5": 10**12}, "E60003", "param[5]"),             # dy beyond int32: names out_h
-    ({"i9": 1 << 40}, "E60003", "param[9]"),             # dw beyond int32: names kernel_w
+    ({"i0": 1 << 60, "i4": 1 << 60}, "E60003", "param[0]"),  # beyond int64 indexing
+    ({"i5": 1 << 62}, "E60003", "param[5]"),            # dy beyond int64: names out_h
+    ({"i9": 1 << 62}, "E60003", "param[9]"),             # dw beyond int64: names kernel_w
 ])
 def test_param_errors_before_any_work(changes, code, param):
     p = _with(SEED, **changes)

@@ -244,8 +244,6 @@ BAD = [  # (name, changes, code, param fragment)
     ("dtype_mismatch", {"dy_dtype": np.float16}, "E65002", "grad_output.dtype"),
     ("rank2", {"x": (8, 8), "dy": (4, 4)}, "E60003", "self.shape"),
     ("empty", {"x": (1, 0, 8, 8)}, "E60003", "self.shape"),
-    ("channels", {"x": (1, 65536, 1, 1), "dy": (1, 65536, 1, 1),
-                  "args": ([1], [1], [0], False, True, 0)}, "E60011", "self.shape[1]"),
     ("too_small", {"x": (1, 2, 2, 2), "args": ([5], [1], [0], False, True, 0)}, "E60025",
      "self.shape"),
     ("dy_spatial", {"dy": (1, 2, 4, 5)}, "E60024", "grad_output.shape"),
@@ -289,9 +287,8 @@ def test_5hd_and_te_checks():
     assert e.value.code == "E60003"
     dy = te.placeholder((1, 4097, 1, 1, 16), "float32", name="grad_output")
     x = te.placeholder((1, 4097, 1, 1, 16), "float32", name="self")
-    with pytest.raises(dsl.DslError) as e:
-        avg_pool2d_backward_5hd(dy, x, [1], [1], [0], False, True, 0)
-    assert e.value.code == "E60011" and "C1" in e.value.rule
+    # C1 > 4096 (over the seed's 65535 channels, a device limit) builds: any C computes
+    assert avg_pool2d_backward_5hd(dy, x, [1], [1], [0], False, True, 0).shape[1] == 4097
     with pytest.raises(dsl.DslError) as e:
         dsl.avg_pool2d_backward(np.zeros((1, 1, 4, 4)), x, [3], [2], [1], False, True, 0)
     assert e.value.code == "E60005" and e.value.param == "grad_output"

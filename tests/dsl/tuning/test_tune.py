@@ -110,37 +110,66 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# Bounded, generous waits on real conditions: a fresh clone's first run under load spends most
+# of a minute importing TVM (no bytecode cache yet) in each new process.
+START_WAIT = 300.0
+
+
+def _wait_for(condition, what: str, proc: subprocess.Popen, log: Path) -> object:
+    """Poll ``condition()`` until it returns a truthy value; fail (with the log) when ``proc``
+    dies or START_WAIT seconds pass."""
+    deadline = time.monotonic() + START_WAIT
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert proc.poll() is None, f"{what}: process exited\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"{what}: not after {START_WAIT} s\n{log.read_text()}"
+        time.sleep(0.3)
+
+
+def _bound_port(log: Path) -> int | None:
+    """The port the tracker bound (it logs "bind to HOST:PORT")."""
+    import re
+
+    m = re.search(r"bind to 127\.0\.0\.1:(\d+)", log.read_text())
+    return int(m.group(1)) if m else None
+
+
 @pytest.fixture
 def rpc(tmp_path):
     """A TVM RPC tracker and one server on 127.0.0.1 (killed, with their children, at the
-    end)."""
+    end). Each binds the first free port of a range and the tracker's is read from its log:
+    a port picked in advance can be taken by another process before the tracker binds it."""
     pytest.importorskip("tornado")  # the tracker's event loop
-    port, key = _free_port(), "dsl-test"
-    sport = _free_port()
-    logs = [open(tmp_path / "tracker.log", "w"), open(tmp_path / "server.log", "w")]
+    key = "dsl-test"
+    paths = [tmp_path / "tracker.log", tmp_path / "server.log"]
+    logs = [open(p, "w") for p in paths]
+    base = _free_port()
     procs = [subprocess.Popen(
         [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-         "--port", str(port), "--port-end", str(port + 1)],
+         "--port", str(base), "--port-end", str(base + 500)],
         stdout=logs[0], stderr=subprocess.STDOUT, start_new_session=True)]
     try:
         from dsl.tuning.meta_schedule import check_tracker
 
-        deadline = time.monotonic() + 60
-        while True:  # the tracker takes a few seconds to import TVM and bind
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, (tmp_path / "tracker.log").read_text()
-                assert procs[0].poll() is None, (tmp_path / "tracker.log").read_text()
-                time.sleep(0.3)
+        port = _wait_for(lambda: _bound_port(paths[0]), "tracker bind", procs[0], paths[0])
+        sport = _free_port()
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", f"127.0.0.1:{port}",
              "--key", key, "--host", "127.0.0.1", "--port", str(sport),
-             "--port-end", str(sport + 1)],
+             "--port-end", str(sport + 500)],
             stdout=logs[1], stderr=subprocess.STDOUT, start_new_session=True))
-        check_tracker("127.0.0.1", port, key, wait=60)
-        yield f"127.0.0.1:{port}", key, tmp_path / "server.log"
+
+        def registered():
+            try:
+                check_tracker("127.0.0.1", port, key, wait=0)
+                return True
+            except (dsl.DslError, OSError, RuntimeError):  # not registered / tracker busy
+                return False
+
+        _wait_for(registered, "rpc server registration", procs[1], paths[1])
+        yield f"127.0.0.1:{port}", key, paths[1]
     finally:
         for p in procs:
             if p.poll() is None:
@@ -155,7 +184,18 @@ def rpc(tmp_path):
             f.close()
 
 
-def test_cli_tunes_an_example_through_the_rpc_tracker(db, rpc, capsys):
+@pytest.fixture
+def patient_tune(monkeypatch):
+    """The CLI's tune calls with a 10-minute build / measurement time-out instead of 60 s: a
+    candidate's first build starts a worker process that imports TVM, which a loaded machine
+    with no bytecode cache can take most of a minute to do."""
+    import functools
+
+    cli = sys.modules[tune_main.__module__]
+    monkeypatch.setattr(cli, "tune", functools.partial(cli.tune, timeout=600.0))
+
+
+def test_cli_tunes_an_example_through_the_rpc_tracker(db, rpc, patient_tune, capsys):
     tracker, key, server_log = rpc
     example = ROOT / "examples" / "conv2d_backprop_input_seed.py"
     rc = tune_main(["--example", str(example), "--trials", "2", "--seed", "1",
@@ -236,7 +276,7 @@ def test_bench_kernels_are_recorded(db):
     assert isinstance(prepared, bench.Prepared)
 
 
-def test_cli_tunes_bench_workloads_and_times_default_tuned_and_peer(db, tmp_path,
+def test_cli_tunes_bench_workloads_and_times_default_tuned_and_peer(db, tmp_path, patient_tune,
                                                                      monkeypatch, capsys):
     import json
 

@@ -1,0 +1,82 @@
+"""bfloat16 inputs to the TBE pair (dx, dw): exactly representable bf16 data against the float64
+reference, fp32 accumulation, within 1e-2 of max|ref| (helpers.TOL)."""
+
+import numpy as np
+import pytest
+
+import dsl
+from dsl.ops.layout import fracz_to_weight
+
+from cases import CONV_CASES
+from helpers import (
+    assert_close,
+    case_id,
+    dw_data,
+    dw_kernel,
+    dx_data,
+    dx_kernel,
+    nc1hwc0_to_nchw,
+    nchw_to_5hd,
+    weight_to_fracz,
+)
+from reference import conv2d_backprop_filter as ref_dw
+from reference import conv2d_backprop_input as ref_dx
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+# dense, stride 2 + asymmetric pad, stride 3 + dilation, grouped, depthwise, stem (positions)
+BF16_CASES = [CONV_CASES[i] for i in (1, 2, 3, 4, 7, 8, 12)]
+
+
+@pytest.mark.parametrize("c", BF16_CASES, ids=case_id)
+@pytest.mark.parametrize("res_dtype", ["float32", "bfloat16"])
+def test_dx_bfloat16(c, res_dtype):
+    dy, w = dx_data(c, "bfloat16")
+    assert dy.dtype == ml_dtypes.bfloat16
+    fz, dy5 = weight_to_fracz(w, c["groups"]), nchw_to_5hd(dy)
+    assert fz.dtype == dy5.dtype == ml_dtypes.bfloat16
+    out5 = dx_kernel(c, "bfloat16", res_dtype)(fz, dy5)
+    assert out5.dtype == np.dtype(getattr(ml_dtypes, res_dtype, res_dtype))
+    ref = ref_dx(dy.astype(np.float64), w.astype(np.float64), (c["n"], c["cin"], c["h"], c["w"]),
+                 c["stride"], c["pads"], c["dil"], c["groups"])
+    out = nc1hwc0_to_nchw(out5, c["cin"]).astype(np.float64)
+    assert_close(out, ref, "bfloat16", case_id(c))
+    if res_dtype == "float32":  # fp32 accumulation of exact products: fp32 accuracy
+        assert_close(out, ref, "float32", case_id(c))
+
+
+@pytest.mark.parametrize("c", BF16_CASES, ids=case_id)
+def test_dw_bfloat16(c):
+    x, dy = dw_data(c, "bfloat16")
+    out = dw_kernel(c, "bfloat16", "float32")(nchw_to_5hd(x), nchw_to_5hd(dy))
+    w_shape = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
+    ref = ref_dw(x.astype(np.float64), dy.astype(np.float64), w_shape, c["stride"], c["pads"],
+                 c["dil"], c["groups"])
+    assert out.dtype == np.float32
+    mask = weight_to_fracz(np.ones(w_shape, np.float32), c["groups"]) != 0
+    assert not out[~mask].any(), "cross-group / pad positions must be exactly zero"
+    got = fracz_to_weight(out, w_shape, c["groups"])
+    assert_close(got, ref, "bfloat16", case_id(c))
+    assert_close(got, ref, "float32", case_id(c))
+
+
+def test_bfloat16_packers_round_trip():
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-1, 1, (2, 19, 3, 4)).astype(ml_dtypes.bfloat16)
+    a5 = dsl.layout.nchw_to_5hd(a)
+    assert a5.dtype == ml_dtypes.bfloat16 and a5.shape == (2, 2, 3, 4, 16)
+    np.testing.assert_array_equal(dsl.layout.nc1hwc0_to_nchw(a5, 19), a)
+    w = rng.uniform(-1, 1, (12, 3, 2, 3)).astype(ml_dtypes.bfloat16)
+    fz = dsl.layout.weight_to_fracz(w, 4)
+    assert fz.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(dsl.layout.fracz_to_weight(fz, w.shape, 4), w)
+
+
+def test_dw_refuses_bfloat16_result():
+    from tvm import te
+
+    from dsl.errors import DslError
+    x = te.placeholder((1, 1, 5, 5, 16), name="x", dtype="bfloat16")
+    dy = te.placeholder((1, 1, 3, 3, 16), name="dy", dtype="bfloat16")
+    with pytest.raises(DslError, match="res_dtype"):
+        dsl.conv2d_backprop_filter(x, dy, (16, 16, 3, 3), {"res_dtype": "bfloat16"})

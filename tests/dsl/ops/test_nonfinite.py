@@ -1,0 +1,149 @@
+"""A NaN / Inf in one input reaches exactly the outputs the math says (padding is never
+multiplied in): dx, dw, aclnn ConvolutionBackward and avg-pool backward against float64
+references that skip padding (dx and grad_input in scatter form, dw over real x only)."""
+
+import numpy as np
+import pytest
+
+import dsl
+import dsl.api.aclnn
+from dsl.ops.layout import fracz_to_weight
+
+from cases import C
+from helpers import (
+    dw_data,
+    dw_kernel,
+    dx_data,
+    dx_kernel,
+    nc1hwc0_to_nchw,
+    nchw_to_5hd,
+    weight_to_fracz,
+)
+from reference import avg_pool2d_backward as ref_pool_dx
+from reference import avg_pool2d_out_size
+from reference import conv2d_backprop_filter as ref_dw
+from reference import conv2d_backprop_input as ref_dx
+from reference import convolution_backward as ref_cb
+
+CASES = [
+    C(2, 19, 21, 7, 8, 3, 1, (1, 1, 1, 1), 1, 1),             # padded 3x3, odd channels
+    C(1, 8, 12, 13, 12, (3, 2), (3, 2), (2, 1, 0, 2), 2, 1),  # stride 3, dilation 2, asym pad
+    C(1, 16, 16, 11, 11, 3, 2, (2, 2, 2, 2), 2, 1),           # gcd(stride, dilation) > 1
+    C(1, 32, 32, 6, 6, 3, 1, (1, 1, 1, 1), 1, 8),             # grouped
+    C(1, 3, 16, 15, 15, 7, 2, (3, 3, 3, 3), 1, 1),            # stem (positions / Cout lanes)
+]
+VALUES = [np.nan, np.inf, -np.inf]
+
+
+def cid(c):
+    return f"ci{c['cin']}_co{c['cout']}_k{c['kh']}{c['kw']}_s{c['stride'][0]}_g{c['groups']}"
+
+
+def same_nonfinite(out, ref, what):
+    out = np.asarray(out, np.float64)
+    for name, pred in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        bad = np.argwhere(pred(out) != pred(ref))
+        assert not bad.size, f"{what}: {name} differs from the reference at {bad[:5].tolist()}"
+    fin = np.isfinite(ref)
+    np.testing.assert_allclose(out[fin], ref[fin], rtol=1e-4, atol=1e-4)
+
+
+def corners_and_middle(shape):
+    """Positions at the borders (where padding is read) and one inside."""
+    return [tuple(0 for _ in shape), tuple(s - 1 for s in shape), tuple(s // 2 for s in shape),
+            (0, *(s - 1 for s in shape[1:]))]
+
+
+@pytest.mark.parametrize("c", CASES, ids=cid)
+@pytest.mark.parametrize("into", ["w", "dy"])
+def test_dx_nonfinite(c, into):
+    kernel = dx_kernel(c, "float32", "float32")
+    x_shape = (c["n"], c["cin"], c["h"], c["w"])
+    for i, value in enumerate(VALUES):
+        dy, w = dx_data(c, "float32")
+        t = w if into == "w" else dy
+        for pos in corners_and_middle(t.shape)[i::3] + corners_and_middle(t.shape)[3:]:
+            t[pos] = value
+        out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, c["groups"]), nchw_to_5hd(dy)),
+                              c["cin"])
+        ref = ref_dx(dy, w, x_shape, c["stride"], c["pads"], c["dil"], c["groups"])
+        same_nonfinite(out, ref, f"dx {cid(c)} {into}={value}")
+
+
+@pytest.mark.parametrize("c", CASES, ids=cid)
+@pytest.mark.parametrize("into", ["x", "dy"])
+def test_dw_nonfinite(c, into):
+    kernel = dw_kernel(c, "float32", "float32")
+    w_shape = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
+    for i, value in enumerate(VALUES):
+        x, dy = dw_data(c, "float32")
+        t = x if into == "x" else dy
+        for pos in corners_and_middle(t.shape)[i::3] + corners_and_middle(t.shape)[3:]:
+            t[pos] = value
+        out = fracz_to_weight(kernel(nchw_to_5hd(x), nchw_to_5hd(dy)), w_shape, c["groups"])
+        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], c["groups"])
+        same_nonfinite(out, ref, f"dw {cid(c)} {into}={value}")
+
+
+def test_dw_reference_skips_padding():
+    """The dw reference itself: an Inf dy whose taps partly read padding leaves those taps
+    finite (x = 1 everywhere, 3x3 pad 1: dy[0, 0] meets x only at taps kh, kw >= 1)."""
+    x = np.ones((1, 1, 3, 3))
+    dy = np.zeros((1, 1, 3, 3))
+    dy[0, 0, 0, 0] = np.inf
+    got = ref_dw(x, dy, (1, 1, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1)[0, 0]
+    assert np.isfinite(got[0]).all() and np.isfinite(got[:, 0]).all()
+    assert np.isposinf(got[1:, 1:]).all()
+
+
+AVG = [((2, 3, 9, 8), [3], [2], [1], False, True, 0),
+       ((1, 2, 11, 10), [5], [3], [2], True, False, 0)]
+
+
+@pytest.mark.parametrize("c", AVG, ids=["k3s2p1", "k5s3p2_ceil"])
+def test_avg_pool_backward_nonfinite(c):
+    shape, k, s, p, ceil, cip, div = c
+    pairs = [tuple(v * 2 if len(v) == 1 else v) for v in (k, s, p)]
+    x = np.zeros(shape, np.float32)
+    ho = avg_pool2d_out_size(shape[-2], pairs[0][0], pairs[1][0], pairs[2][0], ceil)
+    wo = avg_pool2d_out_size(shape[-1], pairs[0][1], pairs[1][1], pairs[2][1], ceil)
+    for value in VALUES:
+        dy = np.random.default_rng(0).uniform(-1, 1, (*shape[:-2], ho, wo)).astype(np.float32)
+        for pos in corners_and_middle(dy.shape):
+            dy[pos] = value
+        out = dsl.aclnn.avg_pool2d_backward(dy, x, *c[1:])
+        ref = ref_pool_dx(dy, shape, *pairs, ceil, cip, div)
+        same_nonfinite(out, ref, f"avgpool {c} {value}")
+
+
+def _geometry(size, cin, cout, k, stride, pad, transposed=False, opad=0, groups=1):
+    if transposed:
+        out = tuple((i - 1) * stride - 2 * pad + (k - 1) + opad + 1 for i in size)
+        w = (cin, cout // groups, k, k)
+    else:
+        out = tuple((i + 2 * pad - k) // stride + 1 for i in size)
+        w = (cout, cin // groups, k, k)
+    return (2, cin, *size), w, (2, cout, *out)
+
+
+ACLNN = [((7, 8), 5, 6, 3, 2, 1, False, 0, 1), ((5, 4), 4, 6, 3, 2, 1, True, 1, 2)]
+
+
+@pytest.mark.parametrize("g", ACLNN, ids=["plain", "transposed"])
+@pytest.mark.parametrize("into", ["w", "x"])
+def test_aclnn_convolution_backward_nonfinite(g, into):
+    """NaN / Inf in the weight (reaches grad_input) or in x (reaches grad_weight)."""
+    size, cin, cout, k, stride, pad, transposed, opad, groups = g
+    xs, ws, dys = _geometry(size, cin, cout, k, stride, pad, transposed, opad, groups)
+    for value in VALUES:
+        rng = np.random.default_rng(1)
+        dy, x, w = (rng.uniform(-1, 1, s).astype(np.float32) for s in (dys, xs, ws))
+        t = w if into == "w" else x
+        for pos in corners_and_middle(t.shape):
+            t[pos] = value
+        out = dsl.aclnn.convolution_backward(dy, x, w, [cout], [stride] * 2, [pad] * 2, [1, 1],
+                                             transposed, [opad] * 2, groups, [True] * 3, 0)
+        ref = ref_cb(dy, x, w, (stride,) * 2, ((pad, pad),) * 2, (1, 1), transposed,
+                     (opad,) * 2, groups)
+        idx = 0 if into == "w" else 1
+        same_nonfinite(out[idx], ref[idx], f"aclnn {g} {into}={value} output {idx}")
