@@ -9,13 +9,16 @@ dy is broadcast from the padded copy made once; the rows ``(N, C1x tiles, Hq)`` 
 cores. Grouped layers load dy as regathered vectors instead, one C1x block per tile, with the
 KW taps unrolled beside the positions so a dy vector feeds every tap that reads it. Layers with
 few input channels (``dx_acc_w*``) vectorise W positions instead and broadcast the weight.
-Tile sizes come from the target's register file; no target is named here.
+Tile sizes come from the target's register file; no target is named here. With one stride
+phase the anchor ``dx`` (and any epilogue fused into it) is computed in the register tile's
+write-back (:func:`schedules.fusion.write_from_tile`): no round trip through ``dx_acc``.
 """
 
 from __future__ import annotations
 
 import schedules
 from dsl.ops import tag
+from schedules import fusion
 from schedules import toolbox as tb
 
 RULE = "x86 dx register tile"
@@ -85,16 +88,22 @@ def dx_acc_tiles(sch, block, target):
 @schedules.register(tag.CONV2D_BACKPROP_INPUT, "x86")
 def schedule_dx_x86(sch, workload) -> None:
     target = workload.target
-    for acc in workload.find_all(sch, tag.DX_ACC):
+    accs = workload.find_all(sch, tag.DX_ACC)
+    stages = [tag.DX_DY_CAST, tag.DX_DY_PAD, tag.DX_WEIGHT, tag.CONV2D_BACKPROP_INPUT]
+    for acc in accs:
         name = sch.get(acc).name_hint
         # [N, Cin, Hq, Wq] (few input channels) or [N, C1x, Hq, Wq, C0]
         if tb.spatial_count(sch, acc) == 4:
             dx_positions_tile(sch, acc, target)
             workload.note(name, RULE, "few input channels: W positions in vector lanes")
-        else:
-            dx_acc_tiles(sch, acc, target)
-            workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers")
-    for stage in (tag.DX_DY_CAST, tag.DX_DY_PAD, tag.DX_WEIGHT, tag.CONV2D_BACKPROP_INPUT):
+            continue
+        wb, _ = dx_acc_tiles(sch, acc, target)
+        workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers")
+        # one phase: dx (and a fused epilogue) is written straight from the register tile
+        if len(accs) == 1 and fusion.write_from_tile(
+                sch, workload, wb, workload.find(sch, tag.CONV2D_BACKPROP_INPUT), RULE):
+            stages.remove(tag.CONV2D_BACKPROP_INPUT)
+    for stage in stages:
         block = workload.find(sch, stage)
         if block is not None:
             tb.elementwise_c0(sch, block, target)

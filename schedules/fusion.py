@@ -13,7 +13,14 @@ first stages (a cast or scale of ``dy``). Before the operator's rule runs:
   consumers when they are all elementwise (the operator's own pack / pad / cast stage), so
   that stage reads ``dy`` through it. A prologue read straight by a reduction is not inlined
   (it would be recomputed, an fp16 -> fp32 conversion included, for every tap that reads
-  it: 4-5x slower for dw); it is materialised once by the elementwise rule instead.
+  it: 4-5x slower for dw); it is materialised once by the elementwise rule instead;
+* every other injective user stage whose consumers are all elementwise (the ``fwd > 0`` mask
+  of a ReLU-gradient select) is ``compute_inline``-d into them first, so that the epilogue
+  stage reading it then reads only the operator and kernel inputs and fuses as above.
+
+A rule that keeps its output tile in registers may then call :func:`write_from_tile`: the
+operator's output block, epilogue included, is inlined into the tile's write-back, so the
+result goes out straight from the registers instead of through the accumulator buffer.
 
 Where TVM refuses an inline (the operator's output is itself a kernel output, the stage reads
 the operator at another index, it is a reduction), the stage stays; after the rule,
@@ -59,9 +66,18 @@ def _try_inline(sch, block, own: set[str], workload) -> bool:
             return True
         into = [c for c in consumers if c in own]
         # into a reduction it would be recomputed for every tap: materialise it once instead
-        if into and all(_is_spatial(sch, b) for b in sch.get_consumers(block)):
+        elementwise_consumers = consumers and all(
+            _is_spatial(sch, b) for b in sch.get_consumers(block))
+        if into and elementwise_consumers:
             sch.compute_inline(block)
             workload.note(name, RULE, f"prologue inlined into {', '.join(into)}")
+            return True
+        if elementwise_consumers and not into and not any(p in own for p in producers):
+            # a user stage beside the epilogue (a mask ``fwd > 0`` that a select reads):
+            # inlined into its consumer, so that consumer reads only the operator and kernel
+            # inputs and can then be fused into the operator's output block
+            sch.compute_inline(block)
+            workload.note(name, RULE, f"inlined into {', '.join(consumers)}, then fused")
             return True
     except tvm.s_tir.ScheduleError:
         pass
@@ -104,3 +120,21 @@ def schedule_leftovers(sch, workload, names: list[str]) -> None:
             tb.vectorize_inner(sch, block)
             tb.parallel_outer(sch, block)
             workload.note(name, RULE, "not inlinable reduction: generic rule")
+
+
+def write_from_tile(sch, workload, write_back, output, rule: str = RULE) -> bool:
+    """Inline the operator's output block ``output`` (with any epilogue fused into it) into the
+    register tile's ``write_back`` block, so the tile's accumulators are cast, masked and
+    combined with the epilogue's other inputs on their way out, with no round trip through
+    the accumulator buffer. Only possible when ``output`` reads that buffer at its own
+    index (one stride phase); returns False, changing nothing, when TVM refuses. ``rule``
+    is the label the decision is noted under (the calling operator rule's)."""
+    import tvm
+
+    name = sch.get(output).name_hint
+    try:
+        sch.reverse_compute_inline(output)
+    except tvm.s_tir.ScheduleError:
+        return False
+    workload.note(name, rule, f"written from the register tile ({sch.get(write_back).name_hint})")
+    return True

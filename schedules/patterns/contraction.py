@@ -162,11 +162,68 @@ def _should_pack(v_op, f, v: str, nr: int, m_ext: int, mr: int) -> bool:
     return pure and strided and f.extents[v] % nr == 0 and m_ext > mr
 
 
+def _strided_operand(f):
+    """``(operand, stride)`` of a strided convolution: the operand whose innermost index
+    steps the output's innermost iterator by a constant stride > 1 (``x[.., v * 2 + r]``),
+    the other operand lacking it; None for anything else."""
+    last = f.write_vars[-1] if f.write_vars else set()
+    if len(last) != 1 or len(f.operands) != 2:
+        return None
+    v = next(iter(last))
+    for op, other in (f.operands, f.operands[::-1]):
+        if op.indices and v not in other.all_vars():
+            s = _coef(op.indices[-1], v)
+            if s is not None and s > 1:
+                return op, s
+    return None
+
+
+def _phase_split(sch, name: str, f):
+    """Make a strided convolution's windowed operand contiguous along the output's innermost
+    axis: its innermost dimension ``W`` re-laid as ``[W % s, W // s]`` (a padding stage in
+    place, an input through a copy), so ``x[.., v * s + r]`` reads ``[.., r % s, v + r // s]``
+    and the micro-kernel loads whole vectors. Returns ``(facts, copy blocks)``, or None."""
+    from tvm.tirx import IndexMap
+
+    from schedules.patterns.analysis import block_facts, root_blocks
+
+    hit = _strided_operand(f)
+    if hit is None:
+        return None
+    op, s = hit
+    blk = sch.get_sblock(name)
+    idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == op.buffer)
+    before = {sch.get(b).name_hint for b in root_blocks(sch)}
+    if op.buffer not in {fb.out_buffer for fb in _producers(sch, blk)}:
+        sch.cache_read(blk, idx, "global")  # a kernel input: split a copy of it
+        blk = sch.get_sblock(name)
+    nd = len(op.shape)
+    sch.transform_layout(blk, ("read", idx), IndexMap.from_func(
+        lambda *ix: [*ix[:-1], ix[-1] % s, ix[-1] // s], ndim=nd, index_dtype="int32"),
+        pad_value=0.0 if op.shape[-1] % s else None)
+    made = [sch.get(b).name_hint for b in root_blocks(sch)]
+    return block_facts(sch, sch.get_sblock(name)), [n for n in made if n not in before]
+
+
+def _producers(sch, blk):
+    from schedules.patterns.analysis import block_facts
+
+    return [block_facts(sch, b) for b in sch.get_producers(blk)]
+
+
 def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | None = None):
     """The micro-kernel schedule of contraction ``name`` (optionally fusing ``epilogue``)."""
     from schedules.patterns.injective import schedule_injective
 
     f = facts[name]
+    split = None
+    try:
+        roles(f)
+    except ValueError:
+        phased = _phase_split(sch, name, f)
+        if phased is None:
+            raise
+        f, split = phased
     s_op, v_op, m, v, transposed = roles(f)
     einsum = _pure(s_op) and _pure(v_op)
     mr, nv, lanes = micro_tile(target, f.extents[m], f.extents[v], pad_ok=einsum)
@@ -187,9 +244,11 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         # reduction step are adjacent
         _pack(sch, blk, s_op, f, m, mr, copy=False)
     _micro_kernel(sch, blk, f, (m, mr, m1), (v, nv, lanes), target, epilogue)
-    for stage in [*copies, *([sch.get(pack).name_hint] if pack is not None else [])]:
+    packed = [sch.get(pack).name_hint] if pack is not None else []
+    for stage in [*(split or []), *copies, *packed]:
         schedule_injective(sch, stage, target)
-    return (f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) over "
+    return (("input phase-split by the stride, " if split is not None else "")
+            + f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) over "
             f"{m} x {v}, {m1} tiles per L2 block" + (", V packed" if pack is not None else "")
             + (", domain padded to whole tiles" if copies else ""))
 

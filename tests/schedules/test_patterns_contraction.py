@@ -119,16 +119,20 @@ def test_user_conv2d_forward(geo, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_user_conv2d_stride2(dtype):
-    """A strided window is not contiguous along the output's width: no micro-kernel, a
-    reduction rule takes it, and it stays correct."""
-    n, ci, co, h, w, k, pad = 2, 3, 5, 9, 11, 3, 1
+@pytest.mark.parametrize("geo", [(2, 3, 5, 9, 11, 3, 1, 2), (1, 4, 9, 13, 17, 5, 2, 3),
+                                 (2, 3, 7, 10, 11, 3, 0, 2)], ids=str)
+def test_user_conv2d_strided(geo, dtype):
+    """A strided window is not contiguous along the output's width: the windowed operand is
+    phase-split by the stride (``[.., W % s, W // s]``) and the micro-kernel takes it; odd
+    widths (a padded split), stride 3, and an input read straight (no padding stage)."""
+    n, ci, co, h, w, k, pad, stride = geo
     rng = np.random.default_rng(23)
-    x, wt, y = _conv2d(n, ci, co, h, w, k, k, pad, dtype, stride=2)
+    x, wt, y = _conv2d(n, ci, co, h, w, k, k, pad, dtype, stride=stride)
     xn, wn = rand((n, ci, h, w), dtype, rng), rand((co, ci, k, k), dtype, rng)
     (out,), why = build_run([y], [x, wt], [xn, wn])
-    check(out, _ref_conv(xn, wn, pad, stride=2), dtype, "conv2d s2")
-    assert why.rule_of("conv").startswith("patterns."), str(why)
+    check(out, _ref_conv(xn, wn, pad, stride=stride), dtype, f"conv2d s{stride}")
+    assert why.rule_of("conv") == "patterns.contraction", str(why)
+    assert "phase-split by the stride" in dict((s, w) for s, _, w in why.stages)["conv"]
     assert why.fell_to_generic() == []
 
 

@@ -71,3 +71,19 @@ def test_runner_prints_gbps_rows_and_extra_peers(tmp_path, capsys, monkeypatch):
     assert "[GB/s]" in out
     if HAVE_TORCH:
         assert set(chain["others_ratio"]) == {"numpy"} and "numpy" in out
+
+
+@pytest.mark.parametrize("size", ["tiny", "full"])
+def test_no_stage_of_the_suite_falls_to_a_fallback(size, monkeypatch):
+    """Issue #20's goal: every stage of every user-suite kernel gets a real rule: none is left
+    to the generic last resort, and none of a fused row is left beside the operator by
+    fusion's "not inlinable" fallback. Scheduling only (no build), so full sizes are cheap."""
+    import dsl
+
+    monkeypatch.setattr(user, "_plain", lambda *a, **k: None)  # the plain peer's build
+    for spec in user.specs():
+        case = spec.make(spec.dims[size])
+        why = dsl.explain(dsl.auto_schedule(case.outputs))
+        assert why.fell_to_generic() == [], f"{spec.name}:\n{why}"
+        stuck = [s for s, r, w in why.stages if r == "fusion" and "not inlinable" in w]
+        assert not stuck, f"{spec.name}:\n{why}"
