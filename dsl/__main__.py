@@ -37,11 +37,33 @@ def usage(prog: str) -> str:
     return "\n".join(lines)
 
 
+# Commands that time our kernels beside numpy / PyTorch in one process.
+TIMING_COMMANDS = ("bench", "tune")
+
+
+def _park_blas_threads() -> None:
+    """Start this command again with OpenBLAS's idle threads parking at once.
+
+    numpy's OpenBLAS workers spin for 2^28 cycles (~0.1 s) after each call, so a kernel timed
+    right after a numpy call shares the cores with them (a 1024^3 matmul read 84 instead of
+    167 GFLOP/s on 2 cores). OpenBLAS reads OPENBLAS_THREAD_TIMEOUT once, when numpy is
+    first imported, which ``import dsl`` has already done here: hence the fresh process.
+    """
+    if os.environ.get("OPENBLAS_THREAD_TIMEOUT"):
+        return
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"  # 2^4 cycles: the smallest OpenBLAS takes
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "dsl", *sys.argv[1:]])
+
+
 def main(argv: list[str] | None = None) -> int:
     from dsl.cli import common
 
     if argv is None:
         common.PROG = _prog_name(sys.argv[0])
+        if sys.argv[1:2] and sys.argv[1] in TIMING_COMMANDS:
+            _park_blas_threads()
     argv = list(sys.argv[1:] if argv is None else argv)
     prog = common.PROG
     if not argv or argv[0] in ("-h", "--help"):
