@@ -149,12 +149,15 @@ class GroupLayout:
     dx_c1e: int
     dy_c1e: int
 
+    FILTER_DTYPE = "float16"  # the group_dict rule this layout follows (c0_size_k of 16)
+
     @classmethod
     def from_weight(cls, w_shape_nchw, groups: int) -> GroupLayout:
         # checked here so errors name the caller's weight / groups, not the derived shapes
         cout, cin_g, kh, kw = check_ints("w_shape_nchw", w_shape_nchw, 4, lo=1, code=E_SHAPE)
         groups = check_int("groups", groups, lo=1, code=E_GROUPS)
-        gd = calculate_group((1, cout, 1, 1), (1, cin_g * groups, 1, 1), w_shape_nchw, groups)
+        gd = calculate_group((1, cout, 1, 1), (1, cin_g * groups, 1, 1), w_shape_nchw, groups,
+                             filter_dtype=cls.FILTER_DTYPE)
         return cls(groups, cin_g, cout // groups, kh, kw, gd["multiple_extend"],
                    gd["g_extend"], gd["dx_c1_extend"], gd["dy_c1_extend"])
 
@@ -229,7 +232,7 @@ class GroupLayout:
 
 
 @dataclass(frozen=True)
-class Int8DxLayout:
+class Int8DxLayout(GroupLayout):
     """TBE's int8 dx FracZ of ``W[Cout, Cin/groups, KH, KW]`` (CUBE_MKN int8, k0 = 32).
 
     Shape ``(G*dy_c1e*KH*KW, dx_c1e, 16, 32)`` from :func:`calculate_group` with
@@ -244,24 +247,7 @@ class Int8DxLayout:
     Index arithmetic uses only ``+ * // %`` (ints, numpy arrays and TE expressions alike).
     """
 
-    groups: int
-    cin_g: int
-    cout_g: int
-    kh: int
-    kw: int
-    multiple_extend: int
-    g_extend: int
-    dx_c1e: int
-    dy_c1e: int
-
-    @classmethod
-    def from_weight(cls, w_shape_nchw, groups: int) -> Int8DxLayout:
-        cout, cin_g, kh, kw = check_ints("w_shape_nchw", w_shape_nchw, 4, lo=1, code=E_SHAPE)
-        groups = check_int("groups", groups, lo=1, code=E_GROUPS)
-        gd = calculate_group((1, cout, 1, 1), (1, cin_g * groups, 1, 1), w_shape_nchw, groups,
-                             filter_dtype="int8")
-        return cls(groups, cin_g, cout // groups, kh, kw, gd["multiple_extend"],
-                   gd["g_extend"], gd["dx_c1_extend"], gd["dy_c1_extend"])
+    FILTER_DTYPE = "int8"  # group_dict with c0_size_k = 32
 
     @property
     def fracz_shape(self) -> tuple[int, int, int, int]:
