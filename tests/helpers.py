@@ -111,3 +111,17 @@ def dw_data(c, dtype, seed=0):
 
 
 __all__ = ["nc1hwc0_to_nchw", "nchw_to_5hd", "weight_to_fracz"]
+
+
+def seed_dx():
+    """The seed example's kernel: dx of a 1x1 conv, 16 -> 16 channels, 7x7 (w, dy, dx)."""
+    from tvm import te
+
+    w_sizes = (16, 16, 1, 1)
+    fz = dsl.layout.GroupLayout.from_weight(w_sizes, 1).fracz_shape
+    dy = te.placeholder((1, 1, 7, 7, 16), name="out_backprop", dtype="float16")
+    w = te.placeholder(fz, name="filters", dtype="float16")
+    dx = dsl.conv2d_backprop_input(w, dy, w_sizes, (1, 16, 7, 7),
+                                   {"strides": [1, 1], "padding": [0, 0, 0, 0],
+                                    "dilations": [1, 1, 1, 1], "res_dtype": "float32"})
+    return w, dy, dx

@@ -261,15 +261,20 @@ def _kernel_output(o, kind: str, spans: list, nbytes: int):
 
 
 def _copy_into(o, kind: str, tmp) -> None:
+    """Write the kernel's result ``tmp`` (a TVM tensor) into the caller's ``o``: one copy,
+    read through DLPack (``tmp.numpy()`` would copy it once more first)."""
     if kind == "numpy":
-        o[...] = tmp.numpy()
+        if _np_name(o.dtype) == "bfloat16":  # numpy cannot import bfloat16 over DLPack
+            o[...] = tmp.numpy()
+        else:
+            np.copyto(o, np.from_dlpack(tmp))
     elif kind == "torch":
         import torch
 
         with torch.no_grad():
             o.copy_(torch.from_dlpack(tmp))
     else:
-        o.copyfrom(tmp.numpy())
+        o.copyfrom(tmp)
 
 
 def _check_tensor_entry(t: object) -> None:

@@ -32,7 +32,7 @@ CASES = [
     C(2, 24, 24, 7, 7, 3, 2, (1, 1, 1, 1), 1, 24),      # depthwise, stride 2
     C(1, 16, 32, 9, 10, 3, 2, (1, 0, 0, 1), 1, 1),      # dense register tile
 ]
-# one stride phase and no border blocks (1x1), dense tile, padded channels: dx + epilogue
+# one stride phase (1x1), dense tile, padded channels: dx + epilogue
 # written from the register tile
 ONE_PHASE = C(2, 20, 17, 7, 9, 1, 1, (0, 0, 0, 0), 1, 1)
 DX_CASES = [*CASES, ONE_PHASE]

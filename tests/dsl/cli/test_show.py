@@ -5,10 +5,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from tvm import te
 
 import dsl
 from dsl.cli import show
+
+from helpers import seed_dx
 
 ROOT = Path(__file__).resolve().parents[3]
 NAME = "show_test_dx"
@@ -18,13 +19,7 @@ NAME = "show_test_dx"
 def built(tmp_path_factory):
     """One small dx kernel (1x16x7x7, 1x1 filter) in a kernel_meta/ of its own."""
     parent = tmp_path_factory.mktemp("show")
-    w_sizes = (16, 16, 1, 1)
-    fz = dsl.layout.GroupLayout.from_weight(w_sizes, 1).fracz_shape
-    dy = te.placeholder((1, 1, 7, 7, 16), name="out_backprop", dtype="float16")
-    w = te.placeholder(fz, name="filters", dtype="float16")
-    dx = dsl.conv2d_backprop_input(w, dy, w_sizes, (1, 16, 7, 7),
-                                   {"strides": [1, 1], "padding": [0, 0, 0, 0],
-                                    "dilations": [1, 1, 1, 1], "res_dtype": "float32"})
+    w, dy, dx = seed_dx()
     dsl.build(dsl.auto_schedule(dx), {"name": NAME, "tensor_list": [w, dy, dx],
                                       "kernel_meta_parent_dir": str(parent)})
     return parent

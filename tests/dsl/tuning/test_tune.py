@@ -15,13 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tvm import te
 
 import dsl
 from dsl import tuning_db
 from dsl.cli.tune import main as tune_main
 
-from helpers import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+from helpers import nc1hwc0_to_nchw, nchw_to_5hd, seed_dx, weight_to_fracz
 from reference import conv2d_backprop_input as ref_dx
 
 
@@ -47,18 +46,6 @@ def db(tmp_path, monkeypatch):
     root = tmp_path / "tuning"
     monkeypatch.setenv(tuning_db.ENV, str(root))
     return root
-
-
-def seed_dx():
-    """The seed example's kernel: dx of a 1x1 conv, 16 -> 16 channels, 7x7."""
-    w_sizes = (16, 16, 1, 1)
-    fz = dsl.layout.GroupLayout.from_weight(w_sizes, 1).fracz_shape
-    dy = te.placeholder((1, 1, 7, 7, 16), name="out_backprop", dtype="float16")
-    w = te.placeholder(fz, name="filters", dtype="float16")
-    dx = dsl.conv2d_backprop_input(w, dy, w_sizes, (1, 16, 7, 7),
-                                   {"strides": [1, 1], "padding": [0, 0, 0, 0],
-                                    "dilations": [1, 1, 1, 1], "res_dtype": "float32"})
-    return w, dy, dx
 
 
 def check_dx(kernel):
@@ -222,7 +209,8 @@ def test_ctrl_c_keeps_records(db, tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "dsl" / "tuning")!r}]
-        from test_tune import seed_dx, FAST
+        from helpers import seed_dx
+        from test_tune import FAST
         import dsl
         try:
             dsl.tune(seed_dx()[2], trials=64, trials_per_iter=2, seed=0, **FAST)
