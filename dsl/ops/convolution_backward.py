@@ -548,18 +548,6 @@ def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: int, name: str, stage
 
 # --- grad_input ----------------------------------------------------------------------------
 
-def _real_rows(rows, offsets, valid, sizes) -> list:
-    """Conditions that padded ``rows`` hold real data (``offsets[a] <= row < offsets[a] +
-    valid[a]``), only for the sides a pack actually pads."""
-    conds = []
-    for row, off, n_valid, size in zip(rows, offsets, valid, sizes):
-        if off:
-            conds.append(row >= off)
-        if size > off + n_valid:
-            conds.append(row < off + n_valid)
-    return conds
-
-
 def _grad_input_adjoint(p: Plan, yp, weight, attrs):
     """``w_adj`` and ``dx_acc``: the plain grad_input, a stride-phase gather of dx taps."""
     from tvm import te
@@ -592,10 +580,6 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs):
             rows.append(row)
             conds.append(cond)
         ch = rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco
-        # taps that read y_pack's zero rows are skipped, not multiplied in: a NaN / Inf
-        # weight then reaches only the dx positions the math pairs it with
-        conds += _real_rows(rows, _y_offsets(p), [a.n_out for a in axes],
-                            [a.dy_padded_size for a in axes])
         prod = yp[(b, *rows, ch)] * wa[(*ks, rco, c)]
         return te.sum(_guard(_all(conds), prod, p.acc_dtype), axis=[*jr, rco])
 
@@ -620,11 +604,7 @@ def _grad_input_forward(p: Plan, xp, weight, attrs):
         *o, c = rest
         pos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(o, kr, axes)]
         ch = rci if p.groups == 1 else _group(p, c, p.cyg) * cxg + rci
-        # x_pack's padding is skipped, not multiplied in (a NaN / Inf weight never meets it)
-        real = _all(_real_rows(pos, [a.pad_before for a in axes], [a.n_in for a in axes],
-                               [a.x_padded_size for a in axes]))
-        return te.sum(_guard(real, xp[(b, *pos, ch)] * wf[(*kr, rci, c)], p.acc_dtype),
-                      axis=[*kr, rci])
+        return te.sum(xp[(b, *pos, ch)] * wf[(*kr, rci, c)], axis=[*kr, rci])
 
     acc = te.compute((p.input_shape[0], *(a.n_out for a in axes), p.cy), fwd_body,
                      name="cb_fwd_acc", tag=tag.stage(TAG, "fwd_acc"))
@@ -655,11 +635,7 @@ def _grad_weight(p: Plan, yp, xp, attrs):
         ypos = [oo + off for oo, off in zip(orr, y_off)]
         xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
         ch = ci if p.groups == 1 else _group(p, c, p.cyg) * cxg + ci
-        # reads of x_pack's padding are skipped (a NaN / Inf in Y never meets them)
-        real = _all(_real_rows(xpos, [a.pad_before for a in axes], [a.n_in for a in axes],
-                               [a.x_padded_size for a in axes]))
-        return te.sum(_guard(real, yp[(rn, *ypos, c)] * xp[(rn, *xpos, ch)], p.acc_dtype),
-                      axis=[rn, *orr])
+        return te.sum(yp[(rn, *ypos, c)] * xp[(rn, *xpos, ch)], axis=[rn, *orr])
 
     acc = te.compute((*(a.kernel for a in axes), p.cy, cxg), dw_body, name="cb_dw_acc",
                      tag=tag.stage(TAG, "dw_acc"))
