@@ -22,6 +22,9 @@ vector bits, cores) are read, never the target's name.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from dsl.ops import tag
 from schedules import register
 from schedules.toolbox import (
@@ -46,41 +49,110 @@ def reduction_rows(sch, block, target) -> None:
         parallel(sch, loops[:n_sp], target.cores)
 
 
-def tile_acc(sch, block, vec: int, row: int, target) -> None:
-    """Register-tile the reduction ``block``: spatial loop ``vec`` vectorised, spatial
-    loop ``row`` unrolled into independent accumulators (see the module docstring)."""
+K_CHUNK = 256  # reduction steps per chunk: one V panel (K_CHUNK x vf) stays in L1
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Register tile ``rf x vf`` and cache blocks of one reduction (see the module docstring):
+    ``mb`` row tiles x ``nb`` vector tiles share one chunk of ``kc`` reduction steps."""
+
+    vf: int
+    rf: int
+    mb: int
+    nb: int
+    kc: int
+
+    def describe(self) -> str:
+        return (f"{self.rf} x {self.vf} register tile, {self.mb} x {self.nb} tiles per "
+                f"{self.kc}-step reduction chunk")
+
+
+def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool) -> Tile:
+    """Tile sizes from the target's registers, caches and cores."""
+    loops = sch.get_loops(block)
+    n_sp = spatial_count(sch, block)
+    ext = [extent(sch, lp) for lp in loops]
+    lanes = target.lanes("float32")
+    vf = register_factor(ext[vec], lanes)
+    rf = largest_divisor(ext[row], max(1, accumulator_registers(target) // -(-vf // lanes)))
+    kc = largest_divisor(ext[-1], K_CHUNK) if len(ext) > n_sp else 1
+    l2 = target.l2_kib << 10
+    # the S block (kc x mb*rf) and the accumulators (mb*rf x nb*vf) each take <= 1/8 of L2
+    mb = largest_divisor(ext[row] // rf, max(1, l2 // 8 // (4 * rf * kc)))
+    nb = largest_divisor(ext[vec] // vf, max(1, l2 // 8 // (4 * mb * rf * vf)))
+    others = math.prod(e for i, e in enumerate(ext[:n_sp]) if i not in (vec, row))
+    while mb > 1 or nb > 1:  # smaller blocks until every core has two of them
+        tasks = ext[row] // (rf * mb) * (ext[vec] // (vf * nb))
+        if (tasks * others if fuse_ok else max(tasks, others)) >= 2 * target.cores:
+            break
+        if mb > 1:
+            mb = largest_divisor(ext[row] // rf, mb - 1)
+        else:
+            nb = largest_divisor(ext[vec] // vf, nb - 1)
+    return Tile(vf, rf, mb, nb, kc)
+
+
+def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
+             tile: Tile | None = None) -> Tile:
+    """Register-tile and cache-block the reduction ``block``: spatial loop ``vec``
+    vectorised, spatial loop ``row`` unrolled into independent accumulators, the innermost
+    reduction loop chunked (see the module docstring). ``fuse_ok``: the outer loops may be
+    fused into one parallel loop (not across dx's stride-phase indices)."""
+    t = tile or plan_tile(sch, block, vec, row, target, fuse_ok)
     loops = sch.get_loops(block)
     n_sp = spatial_count(sch, block)
     sp, red = list(loops[:n_sp]), list(loops[n_sp:])
-    lanes = target.lanes("float32")
-    regs = accumulator_registers(target)
-    vf = register_factor(extent(sch, sp[vec]), lanes)
-    n_vec = max(1, -(-vf // lanes))
-    rf = largest_divisor(extent(sch, sp[row]), max(1, regs // n_vec))
-    vo, vi = sch.split(sp[vec], [None, vf])
-    ro, ri = sch.split(sp[row], [None, rf])
+    vo, vm, vi = sch.split(sp[vec], [None, t.nb, t.vf])
+    ro, rm, ri = sch.split(sp[row], [None, t.mb, t.rf])
+    chunk = list(sch.split(red[-1], [None, t.kc])) if red else []
     outer = [lp for i, lp in enumerate(sp) if i not in (vec, row)] + [ro, vo]
-    sch.reorder(*outer, *red, ri, vi)
-    # one loop runs in parallel, unfused (see the module docstring)
-    ext = [extent(sch, lp) for lp in outer]
-    pick = next((i for i, e in enumerate(ext) if e >= 2 * target.cores),
-                max(range(len(ext)), key=ext.__getitem__))
-    if ext[pick] > 1 and target.cores > 1:
-        sch.parallel(outer[pick])
+    sch.reorder(*outer, *red[:-1], *chunk[:1], vm, rm, *chunk[1:], ri, vi)
+    outer = [lp for lp in outer if extent(sch, lp) > 1] or outer[-1:]
+    if fuse_ok:
+        home = parallel(sch, outer, target.cores)
+    else:
+        ext = [extent(sch, lp) for lp in outer]
+        pick = next((i for i, e in enumerate(ext) if e >= 2 * target.cores),
+                    max(range(len(ext)), key=ext.__getitem__))
+        if ext[pick] > 1 and target.cores > 1:
+            sch.parallel(outer[pick])
+        home = outer[-1]
     wb = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(wb, outer[-1])
-    if rf > 1:
+    sch.reverse_compute_at(wb, home)
+    if t.rf > 1:
         sch.unroll(ri)
-    if vf > 1:
+    if t.vf > 1:
         sch.vectorize(vi)
     if red:
-        init = sch.decompose_reduction(block, red[0])
-        init_loops = sch.get_loops(init)
-        if rf > 1 and vf > 1 and len(init_loops) >= 2:
-            sch.unroll(init_loops[-2])
+        sch.decompose_reduction(block, red[0] if len(red) > 1 else chunk[0])
     last = sch.get_loops(wb)[-1]
     n = extent(sch, last)
+    lanes = target.lanes("float32")
     vectorize_split(sch, last, register_factor(n, lanes) if n > 4 * lanes else n)
+    return t
+
+
+def pack_dw_operands(sch, block, tile: Tile) -> list[str]:
+    """Lay the dw operands out as GotoBLAS panels: ``y_pack`` as ``[Cy // rf, .., rf]`` and
+    ``x_pack`` as ``[Cx // vf, .., vf]``, so one reduction step of a register tile reads
+    ``rf`` adjacent scalars and one ``vf``-wide row, and a chunk streams contiguous memory.
+    Only a pack dw alone reads (dx reads ``y_pack`` row-wise). Returns the packs re-laid."""
+    from tvm.tirx import IndexMap
+
+    done = []
+    for i, r in enumerate(sch.get(block).reads):
+        name = r.source.name
+        width = {"cb_y_pack": tile.rf, "cb_x_pack": tile.vf}.get(name, 1)
+        producer = next((b for b in sch.get_producers(block)
+                         if sch.get(b).name_hint == name), None)
+        if width == 1 or producer is None or len(sch.get_consumers(producer)) != 1:
+            continue
+        nd = len(r.source.shape)
+        sch.transform_layout(block, ("read", i), IndexMap.from_func(
+            _panels(width), ndim=nd, index_dtype="int32"))
+        done.append(name)
+    return done
 
 
 ACCS = {tag.CB_DX_ACC: "dx", tag.CB_FWD_ACC: "dx of the transposed conv", tag.CB_DW_ACC: "dw"}
@@ -101,14 +173,33 @@ def schedule_convolution_backward(sch, workload) -> None:
         if stage == tag.CB_DW_ACC and extent(sch, sch.get_loops(block)[n_sp - 1]) * 2 < lanes:
             vec, row = n_sp - 2, n_sp - 3  # depthwise-like: Y channels in lanes, taps as rows
         name = sch.get(block).name_hint
-        tile_acc(sch, block, vec, row, tgt)
-        workload.note(name, RULE, f"{what}: vector axis {vec}, unrolled rows on axis {row}")
+        # dx's stride-phase indices must not pass through a fused loop (module docstring)
+        fuse_ok = stage != tag.CB_DX_ACC or max(_params(workload).get("stride", [1])) == 1
+        tile = plan_tile(sch, block, vec, row, tgt, fuse_ok)
+        packed = pack_dw_operands(sch, block, tile) \
+            if stage == tag.CB_DW_ACC and vec == n_sp - 1 else []
+        tile_acc(sch, block, vec, row, tgt, fuse_ok, tile)
+        workload.note(name, RULE, f"{what}: vector axis {vec}, unrolled rows on axis {row}, "
+                      + tile.describe() + (f"; {' and '.join(packed)} as panels"
+                                           if packed else ""))
     block = workload.find(sch, tag.CB_DB_ACC)
     if block is not None:
         workload.note(sch.get(block).name_hint, RULE, "db: parallel rows")
         reduction_rows(sch, block, tgt)
     for stage in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
         _elementwise(sch, workload, stage, "layout-restoring output")
+
+
+def _panels(width: int):
+    """Index map ``[.., c] -> [c // width, .., c % width]``."""
+    return lambda *ix: [ix[-1] // width, *ix[:-1], ix[-1] % width]
+
+
+def _params(workload) -> dict:
+    """The operator's parameters (the anchor's ``dsl_params`` JSON attribute)."""
+    import json
+
+    return json.loads(workload.attrs.get("dsl_params", "{}"))
 
 
 def _elementwise(sch, workload, stage: str, why: str) -> None:
