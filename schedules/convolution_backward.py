@@ -108,7 +108,6 @@ def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
     chunk = list(sch.split(red[-1], [None, t.kc])) if red else []
     outer = [lp for i, lp in enumerate(sp) if i not in (vec, row)] + [ro, vo]
     sch.reorder(*outer, *red[:-1], *chunk[:1], vm, rm, *chunk[1:], ri, vi)
-    outer = [lp for lp in outer if extent(sch, lp) > 1] or outer[-1:]
     if fuse_ok:
         home = parallel(sch, outer, target.cores)
     else:

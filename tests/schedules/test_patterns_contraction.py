@@ -184,3 +184,45 @@ def test_matmul_avx512_code_uses_full_width_fma():
     asm = mod.inspect_source("asm")
     fmas = re.findall(r"vfmadd\d+ps\s+[^\n]*", asm)
     assert fmas and all("%zmm" in line for line in fmas), fmas[:4]
+
+
+@pytest.mark.parametrize("v_ext", [56, 40, 24, 120, 48])
+@pytest.mark.parametrize("name", ["x86-avx512", "sapphirerapids", "znver4"])
+def test_avx512_tile_never_leaves_a_ragged_vector_edge(name, v_ext):
+    """With AVX-512 a ragged tile edge became masked gathers with the accumulators in memory
+    (5x slower on a Xeon); a width 16 lanes do not divide takes whole half-width registers."""
+    from schedules.patterns.contraction import micro_tile
+
+    mr, nv, lanes = micro_tile(targets.get(name), 64, v_ext)
+    assert lanes in (8, 16)
+    assert v_ext % lanes == 0 and (v_ext % (nv * lanes) == 0 or nv * lanes >= v_ext), \
+        (mr, nv, lanes)
+
+
+def test_avx512_conv2d_56_columns_compiles_to_registers():
+    """Compiled (not run) for Sapphire Rapids: a 56-wide conv row is whole ymm registers,
+    with no gather and no odd-width vector assembled through the stack."""
+    import tvm
+
+    import dsl
+
+    tgt = targets.get("sapphirerapids")
+    x, wt, y = _conv2d(1, 8, 8, 6, 56, 3, 3, 1, "float32")
+    sch = dsl.auto_schedule([y], target=tgt)
+    lib = tvm.compile(sch.s_tir([x, wt, y]).mod, target=tgt.tvm_target())
+    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
+    asm = mod.inspect_source("asm")
+    assert re.search(r"vfmadd\d+ps", asm)
+    assert not re.search(r"vgather|vinsertps", asm)
+
+
+@pytest.mark.parametrize("w", [24, 16, 48])
+def test_user_conv2d_tile_across_whole_row(w):
+    """A row of whole registers covered by one tile (24 = 3 x 8 lanes) is split into
+    registers, not vectorised as one odd-width vector; results checked on this machine."""
+    rng = np.random.default_rng(29)
+    x, wt, y = _conv2d(2, 3, 8, 5, w, 3, 3, 1, "float32")
+    xn, wn = rand((2, 3, 5, w), "float32", rng), rand((8, 3, 3, 3), "float32", rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    check(out, _ref_conv(xn, wn, 1), "float32", f"conv2d w{w}")
+    assert why.rule_of("conv") == "patterns.contraction"
