@@ -195,11 +195,17 @@ def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
                     rows.append({**_run_one(w, repeat, min_time, use_peer, settle),
                                  "threads": n})
             steps.update(1, progress_text(rows[-1]))
+    if counts:
+        set_pool(0)  # back to TVM's default (TVM_NUM_THREADS) for whatever runs next
     return rows
 
 
+_POOL = {"size": 0}  # the largest pool set_pool has created in this process
+
+
 def set_pool(threads: int) -> None:
-    """This thread's TVM pool to ``threads`` workers (``runtime.config_threadpool``).
+    """This thread's TVM pool to ``threads`` workers (``runtime.config_threadpool``; 0: TVM's
+    default, ``TVM_NUM_THREADS``).
 
     TVM creates the pool once, as large as the concurrency then in force, and never grows it:
     the first call makes it as large as the machine. ``TVM_BIND_THREADS=0`` while it is set
@@ -215,11 +221,14 @@ def set_pool(threads: int) -> None:
     old = os.environ.get("TVM_BIND_THREADS")
     os.environ.setdefault("TVM_BIND_THREADS", "0")
     try:
-        if not getattr(set_pool, "created", False):
+        if threads > _POOL["size"]:
             cores = max(targets.machine_cores(), threads)
             config(1, cores, [str(i) for i in range(cores)])
-            set_pool.created = True
-        config(1, threads, [str(i) for i in range(threads)])
+            _POOL["size"] = cores
+        if threads:
+            config(1, threads, [str(i) for i in range(threads)])
+        else:
+            config(1, 0)
     finally:
         if old is None:
             os.environ.pop("TVM_BIND_THREADS", None)
@@ -349,6 +358,7 @@ def main(argv=None) -> int:
         peer_version = None
     info = machine(target, target.cores, peer_version)
     if counts:
+        set_pool(max(counts))  # TVM's pool never grows: create it large enough first
         set_pool(counts[0])  # the header's pool size is the first count's
         info.update(thread_counts=counts, tvm_threads=_pool_threads())
     threads = ",".join(map(str, counts)) if sweep else target.cores
