@@ -28,6 +28,31 @@ def test_refuses_impossible_or_meaningless_figures():
         bandwidth.check_bandwidth(20.0, 64 << 20, caches, 384.0)  # under 4 x the caches
     with pytest.raises(bandwidth.BandwidthError, match="exceeds what their load ports"):
         bandwidth.check_bandwidth(500.0, GIB, caches, 384.0, "read", 1)
+    bandwidth.check_bandwidth(20.0, GIB, caches, 768.0, "copy", 2, busy=0.9)
+    with pytest.raises(roof.RoofError, match="busy 0.35"):  # the cores were shared
+        bandwidth.check_bandwidth(7.0, GIB, caches, 768.0, "copy", 2, busy=0.35)
+
+
+def test_timing_prefers_passes_that_had_their_cores(monkeypatch):
+    """Fake clocks: the fastest pass whose CPU time shows the threads ran wins; with none,
+    passes go on until the budget is spent, then the fastest of all is kept."""
+    walls, cpus = [1.0, 0.5, 0.6, 0.4, 0.7], [2.0, 0.5, 1.2, 0.4, 1.4]  # 2 threads
+    clock = {"wall": 0.0, "cpu": 0.0, "i": -1}
+
+    def fn():
+        clock["i"] += 1
+        i = clock["i"] % len(walls)
+        clock["wall"] += walls[i]
+        clock["cpu"] += cpus[i]
+
+    monkeypatch.setattr(bandwidth.time, "perf_counter", lambda: clock["wall"])
+    monkeypatch.setattr(bandwidth.time, "process_time", lambda: clock["cpu"])
+    # 0.5 and 0.4 were shared (busy 0.5): 0.6 is the fastest pass that had its cores
+    assert bandwidth._time(fn, 4, 2) == pytest.approx((0.6, 1.2))
+    walls[:], cpus[:] = [0.5, 0.4], [0.5, 0.4]  # always shared
+    clock["i"] = -1
+    assert bandwidth._time(fn, 2, 2, budget=5.0) == pytest.approx((0.4, 0.4))
+    assert clock["i"] >= 10  # kept looking for about 5 s of passes
 
 
 def test_bound_and_buffer_follow_the_target():
@@ -99,7 +124,7 @@ def test_measuring_process_small_run():
     assert [(r["kind"], r["threads"]) for r in raw] == [
         (k, n) for n in counts for k in bandwidth.KINDS]
     for r in raw:
-        assert r["seconds"] > 0 and r["nbytes"] == 8 << 20
+        assert r["seconds"] > 0 and r["nbytes"] == 8 << 20 and r["busy"] > 0
         assert r["accumulators"] == (bandwidth.ACCUMULATORS if r["kind"] == "read" else 0)
     # a small buffer is exactly what the caller refuses
     with pytest.raises(roof.RoofError, match="cache"):
