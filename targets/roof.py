@@ -398,7 +398,9 @@ def cached_bandwidth(kind: str = "copy", threads: int | None = None):
 
     threads = threads or targets.machine_cores()
     entry = _read_cache(cache_file()).get(f"bandwidth-{kind}/{threads}")
-    return bandwidth.from_json(entry) if isinstance(entry, dict) else None
+    bw = bandwidth.from_json(entry) if isinstance(entry, dict) else None
+    # an entry measured on shared cores (before that was refused) is measured again
+    return bw if bw is not None and bw.busy >= bandwidth.BUSY_MIN else None
 
 
 def measured_bandwidths(counts, *, refresh: bool = False, nbytes: int | None = None,

@@ -5,8 +5,17 @@ Prints, per dtype (``float32``; ``bfloat16`` with ``vdpbf16ps`` and ``int8`` wit
 measured GFLOP/s (GOP/s for int8) per core and in total, the clock it ran at, the issue bound
 of the FMA pipes at that clock and the share of it reached, from the loop and the facts in
 :mod:`targets.roof`. A figure above the bound is refused (exit 1). ``--mca`` adds what
-``llvm-mca`` predicts for the same loop on the target's ``-mcpu``. The measuring itself lives
-in :func:`targets.roof.measured_peak`, which the benchmark runner calls for its % of roof.
+``llvm-mca`` predicts for the same loop on the target's ``-mcpu``.
+
+Then the memory bandwidth (``--no-memory`` skips it) at the same thread counts: ``read`` (a
+TVM kernel summing a buffer several times the caches into eight vector accumulators) and
+``copy`` (STREAM's scale ``b = 3a``, read + write bytes), from :mod:`targets.bandwidth`. A
+figure from a buffer the caches could hold, above what the load ports can move, or measured
+while other processes had the cores, is refused (exit 1; rows printed before it stay cached).
+
+The measuring lives in :func:`targets.roof.measured_peak` and
+:func:`targets.roof.measured_bandwidths`, which the benchmark runner calls for its % of roof
+(GFLOP/s rows: the fp32 roof; GB/s rows: the ``copy`` bandwidth).
 """
 
 from __future__ import annotations

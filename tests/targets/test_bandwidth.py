@@ -167,6 +167,11 @@ def test_cache_beside_the_fma_roof(tmp_path, monkeypatch):
     assert roof.cached_bandwidth("copy", 2) is None
     roof.measured_bandwidth("copy", 2)
     assert calls[-1] == [2]
+    # so is one measured on shared cores
+    data = json.loads(roof.cache_file().read_text())
+    data["bandwidth-read/2"]["busy"] = 0.3
+    roof.cache_file().write_text(json.dumps(data))
+    assert roof.cached_bandwidth("read", 2) is None and roof.cached_bandwidth("copy", 2)
 
 
 def test_refused_figure_is_not_cached(tmp_path, monkeypatch):
