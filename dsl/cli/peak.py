@@ -105,7 +105,7 @@ def _bandwidth_lines(counts: list[int], refresh: bool) -> tuple[list[str], list]
              f"{'MiB':>7s} {'cache':>6s} {'bound':>7s} {'busy':>5s}  kernel (TVM)"]
     results = [found[(k, n)] for n in counts for k in ("read", "copy")]
     lines += [_bw_row(b) for b in results]
-    lines.append("# memory: best of 5 passes, wall time; MiB: the bytes one pass moves, "
+    lines.append("# memory: best of 5+ passes, wall time; MiB: the bytes one pass moves, "
                  "cache: the L2 + L3 MiB they must exceed 4x; bound: what the load ports move "
                  "at 6 GHz (both refusal rules); bench's GB/s rows use copy")
     return lines, results
