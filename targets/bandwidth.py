@@ -229,6 +229,13 @@ _ADD_MEM = re.compile(r"^v?addps\s+[^,]*\(.*\),\s*(?:%[xyz]mm\d+,\s*)?%([xyz]mm\
 _STORE = re.compile(r"^v?mov(?:u|a|nt)ps\s+%[xyz]mm\d+,\s*\S*\(")
 
 
+def _hot(asm: str, pattern: re.Pattern) -> list[str]:
+    """The loop with the most instructions matching ``pattern``; of equals, the shortest (an
+    outer loop holds its inner loop's instructions and more)."""
+    return max(loops(asm), key=lambda b: (sum(bool(pattern.match(s)) for s in b), -len(b)),
+               default=[])
+
+
 def check_read_asm(asm: str, accumulators: int = ACCUMULATORS) -> int:
     """The read kernel's hot loop (the one with the most memory-source adds) must add from
     memory into at least ``accumulators`` distinct registers and store nothing (a spilled
@@ -236,7 +243,7 @@ def check_read_asm(asm: str, accumulators: int = ACCUMULATORS) -> int:
 
     Raises BandwidthError otherwise.
     """
-    best = max(loops(asm), key=lambda b: sum(bool(_ADD_MEM.match(s)) for s in b), default=[])
+    best = _hot(asm, _ADD_MEM)
     dests = {m.group(1) for s in best if (m := _ADD_MEM.match(s))}
     stores = [s for s in best if _STORE.match(s)]
     if len(dests) < accumulators or stores:
@@ -250,7 +257,7 @@ def check_read_asm(asm: str, accumulators: int = ACCUMULATORS) -> int:
 def check_copy_asm(asm: str) -> None:
     """The copy kernel's hot loop must store vectors (plain stores: what the generated
     kernels use), multiply them, and call nothing (no ``memcpy``)."""
-    best = max(loops(asm), key=lambda b: sum(bool(_STORE.match(s)) for s in b), default=[])
+    best = _hot(asm, _STORE)
     text = "\n".join(best)
     if (not any(_STORE.match(s) for s in best) or "mulps" not in text or "call" in text
             or "movntps" in text):

@@ -84,6 +84,10 @@ def test_read_check_wants_independent_memory_adds():
         bandwidth.check_read_asm(_loop(spilled))
     with pytest.raises(roof.RoofError):
         bandwidth.check_read_asm("main:\n\tretq\n")
+    # an outer loop holding the inner one (and the stores after it) is not the hot loop
+    nested = "\n".join([".LBB0_0:", _loop(good).rsplit("\tretq", 1)[0].rstrip(),
+                        "\tvmovups\t%ymm0, (%rax)", "\tjne\t.LBB0_0", "\tretq"])
+    assert bandwidth.check_read_asm(nested) == 8
 
 
 def test_copy_check_wants_a_plain_vector_loop():
