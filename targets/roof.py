@@ -20,6 +20,9 @@ each where the ISA has it. Results are cached as JSON under ``$DSL_CACHE_DIR/roo
 ``$XDG_CACHE_HOME/dsl/roof`` or ``~/.cache/dsl/roof``), keyed by LLVM's host CPU name, the
 CPU flags and the core count. :func:`mca_predict` asks ``llvm-mca`` what it expects of a loop.
 
+The same file caches the memory bandwidth (:func:`measured_bandwidth`, measured by
+:mod:`targets.bandwidth` with TVM kernels), the roof of the memory-bound benchmark rows.
+
 This module depends on nothing in ``dsl``.
 """
 
@@ -384,14 +387,66 @@ def measured_peak(dtype: str = "float32", threads: int | None = None, *,
     if hit is not None:
         return hit
     roof = measure(dtype, threads, seconds=seconds, reps=reps)
+    _store({f"{dtype}/{threads}": asdict(roof)})
+    return roof
+
+
+def cached_bandwidth(kind: str = "copy", threads: int | None = None):
+    """The cached memory bandwidth (:class:`targets.bandwidth.Bandwidth`) of ``kind``
+    (``read`` or ``copy``) on ``threads`` (default all cores), or None."""
+    from targets import bandwidth
+
+    threads = threads or targets.machine_cores()
+    entry = _read_cache(cache_file()).get(f"bandwidth-{kind}/{threads}")
+    bw = bandwidth.from_json(entry) if isinstance(entry, dict) else None
+    # an entry measured on shared cores (before that was refused) is measured again
+    return bw if bw is not None and bw.busy >= bandwidth.BUSY_MIN else None
+
+
+def measured_bandwidths(counts, *, refresh: bool = False, nbytes: int | None = None,
+                        reps: int = 5) -> dict:
+    """This machine's memory bandwidth, both kinds (``read``, ``copy``: see
+    :mod:`targets.bandwidth`) at each of ``counts`` threads, ``{(kind, threads):
+    Bandwidth}``: from the cache beside the FMA roofs (same file, same key), the missing
+    counts (all of them with ``refresh``) measured in one run and cached.
+
+    Raises
+    ------
+    RoofError
+        Too many threads, a kernel that fails its checks, or an impossible figure (nothing
+        is cached then).
+    """
+    from targets import bandwidth
+
+    counts = sorted({int(c) for c in counts})
+    out = {} if refresh else {(k, n): bw for n in counts for k in bandwidth.KINDS
+                              if (bw := cached_bandwidth(k, n)) is not None}
+    missing = [n for n in counts if any((k, n) not in out for k in bandwidth.KINDS)]
+    if missing:
+        fresh = bandwidth.measure(missing, nbytes=nbytes, reps=reps)
+        _store({f"bandwidth-{k}/{n}": bandwidth.to_json(bw) for (k, n), bw in fresh.items()})
+        out.update(fresh)
+    return out
+
+
+def measured_bandwidth(kind: str = "copy", threads: int | None = None, *,
+                       refresh: bool = False, nbytes: int | None = None, reps: int = 5):
+    """One memory bandwidth of this machine (:func:`measured_bandwidths`); ``threads``
+    defaults to all cores."""
+    threads = threads or targets.machine_cores()
+    return measured_bandwidths([threads], refresh=refresh, nbytes=nbytes, reps=reps)[
+        (kind, threads)]
+
+
+def _store(entries: dict) -> None:
+    """Add ``entries`` to this machine's cache file, atomically."""
     path = cache_file()
     data = _read_cache(path)  # another process may have written meanwhile
-    data[f"{dtype}/{threads}"] = asdict(roof)
+    data.update(entries)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     os.replace(tmp, path)  # atomic: a reader sees the old file or the new one
-    return roof
 
 
 def _read_cache(path: Path) -> dict:

@@ -45,10 +45,14 @@ def split_list(values) -> list[str]:
 
 
 def add_selection_args(parser) -> None:
-    """``--suite`` (repeatable, comma-separated; default all) and ``--filter``, the same in
-    every command that runs benchmark workloads."""
+    """``--suite`` (repeatable, comma-separated; default all; aliases such as ``ops``) and
+    ``--filter``, the same in every command that runs benchmark workloads."""
+    from dsl.cli.bench import ALIASES, SUITES
+
+    aliases = "; ".join(f"{k} = {','.join(v)}" for k, v in ALIASES.items())
     parser.add_argument("--suite", action="append", metavar="SUITE",
-                        help="benchmark suite(s), repeatable or comma-separated (default: all)")
+                        help=f"benchmark suite(s), repeatable or comma-separated (default: "
+                             f"all): {', '.join(SUITES)}; {aliases}")
     parser.add_argument("--filter", default="", metavar="REGEX",
                         help="only workloads whose 'suite/name/kind' matches this regular "
                              "expression (re.search: a plain substring works)")
@@ -72,16 +76,17 @@ def workload_id(w) -> str:
 
 
 def select_workloads(suites, pattern: str | None) -> list:
-    """The benchmark workloads of ``suites`` (names; None or empty: all) matching ``pattern``.
+    """The benchmark workloads of ``suites`` (names or aliases, :data:`dsl.cli.bench.ALIASES`;
+    None or empty: all) matching ``pattern``.
 
     Raises UsageError naming the valid suites for an unknown suite, and listing the
     workloads that exist when the filter matches none.
     """
-    from dsl.cli.bench import SUITES, WORKLOADS, load_suites
+    from dsl.cli.bench import ALIASES, SUITES, WORKLOADS, expand_suites, load_suites
 
-    names = split_list(suites) or list(SUITES)
+    names = expand_suites(split_list(suites)) or list(SUITES)
     workloads = load_suites(names)
-    known = list(dict.fromkeys([*SUITES, *(w.suite for w in WORKLOADS)]))
+    known = list(dict.fromkeys([*SUITES, *ALIASES, *(w.suite for w in WORKLOADS)]))
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UsageError(f"unknown suite {', '.join(map(repr, unknown))}", known)

@@ -5,8 +5,17 @@ Prints, per dtype (``float32``; ``bfloat16`` with ``vdpbf16ps`` and ``int8`` wit
 measured GFLOP/s (GOP/s for int8) per core and in total, the clock it ran at, the issue bound
 of the FMA pipes at that clock and the share of it reached, from the loop and the facts in
 :mod:`targets.roof`. A figure above the bound is refused (exit 1). ``--mca`` adds what
-``llvm-mca`` predicts for the same loop on the target's ``-mcpu``. The measuring itself lives
-in :func:`targets.roof.measured_peak`, which the benchmark runner calls for its % of roof.
+``llvm-mca`` predicts for the same loop on the target's ``-mcpu``.
+
+Then the memory bandwidth (``--no-memory`` skips it) at the same thread counts: ``read`` (a
+TVM kernel summing a buffer several times the caches into eight vector accumulators) and
+``copy`` (STREAM's scale ``b = 3a``, read + write bytes), from :mod:`targets.bandwidth`. A
+figure from a buffer the caches could hold, above what the load ports can move, or measured
+while other processes had the cores, is refused (exit 1; rows printed before it stay cached).
+
+The measuring lives in :func:`targets.roof.measured_peak` and
+:func:`targets.roof.measured_bandwidths`, which the benchmark runner calls for its % of roof
+(GFLOP/s rows: the fp32 roof; GB/s rows: the ``copy`` bandwidth).
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=5, help="timed runs (the best is kept)")
     p.add_argument("--mca", action="store_true",
                    help="also print llvm-mca's prediction for the loop (target's -mcpu)")
+    p.add_argument("--no-memory", action="store_true",
+                   help="skip the memory bandwidth (read and copy, TVM kernels)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return p.parse_args(argv)
 
@@ -78,6 +89,28 @@ def _mca_line(r: roof.Roof, host) -> str:
             f"({100 * rep['achieved_over_predicted']:.0f}%){note}")
 
 
+def _bw_row(b) -> str:
+    what = (f"{b.accumulators} x vaddps (mem) chains" if b.kind == "read"
+            else "b = 3a, read + write bytes")
+    return (f"{b.kind:9s} {b.threads:7d} {b.gbps:9.1f} {b.gbps_per_core:9.1f} "
+            f"{b.nbytes / 2**20:7.0f} {b.cache_bytes / 2**20:6.0f} {b.bound_gbps:7.0f} "
+            f"{b.busy:5.2f}  {what} ({b.isa_bits}-bit)")
+
+
+def _bandwidth_lines(counts: list[int], refresh: bool) -> tuple[list[str], list]:
+    """The memory bandwidth rows (:func:`targets.roof.measured_bandwidths`); raises
+    RoofError when a figure is refused."""
+    found = roof.measured_bandwidths(counts, refresh=refresh)
+    lines = [f"{'memory':9s} {'threads':>7s} {'GB/s':>9s} {'per core':>9s} "
+             f"{'MiB':>7s} {'cache':>6s} {'bound':>7s} {'busy':>5s}  kernel (TVM)"]
+    results = [found[(k, n)] for n in counts for k in ("read", "copy")]
+    lines += [_bw_row(b) for b in results]
+    lines.append("# memory: best of 5+ passes, wall time; MiB: the bytes one pass moves, "
+                 "cache: the L2 + L3 MiB they must exceed 4x; bound: what the load ports move "
+                 "at 6 GHz (both refusal rules); bench's GB/s rows use copy")
+    return lines, results
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse(list(argv or []))
     host = targets.get("host")
@@ -87,32 +120,36 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peak: --dtype {bad[0]!r}: one of {', '.join(roof.KINDS)} or all",
               file=sys.stderr)
         return 2
+    counts = _thread_counts(args.threads)
     results, lines = [], [_header(host), f"{'dtype':9s} {'threads':>7s} {'GFLOP/s':>9s} "
                           f"{'per core':>9s} {'GHz':>5s} {'bound':>9s} {'of bnd':>7s} "
                           f"{'wall':>9s} {'busy':>5s}  loop"]
-    for kind in kinds:
-        if roof.loop_isa(host, kind) is None:
-            if args.dtype != "all":
-                lines.append(f"{kind:9s} not in this ISA")
-            continue
-        for threads in _thread_counts(args.threads):
-            try:
+    try:
+        for kind in kinds:
+            if roof.loop_isa(host, kind) is None:
+                if args.dtype != "all":
+                    lines.append(f"{kind:9s} not in this ISA")
+                continue
+            for threads in counts:
                 r = roof.measured_peak(kind, threads, refresh=args.refresh,
                                        seconds=args.seconds, reps=args.reps)
-            except roof.RoofError as err:
-                print("\n".join(lines), f"peak: refused: {err}", sep="\n", file=sys.stderr)
-                return 1
-            results.append(r)
-            lines.append(_row(r))
-            if args.mca:
-                lines.append(_mca_line(r, host))
-    lines.append("# GFLOP/s: each thread's work over its own CPU time, summed (what the cores "
-                 "issue); wall: all threads' work over the slowest thread's wall time (what a "
-                 "statically split kernel gets; low when the machine is shared: busy = CPU "
-                 f"time / wall time < 1)\n# cached in {roof.cache_file()}")
+                results.append(r)
+                lines.append(_row(r))
+                if args.mca:
+                    lines.append(_mca_line(r, host))
+        lines.append("# GFLOP/s: each thread's work over its own CPU time, summed (what the "
+                     "cores issue); wall: all threads' work over the slowest thread's wall "
+                     "time (what a statically split kernel gets; low when the machine is "
+                     "shared: busy = CPU time / wall time < 1)")
+        bw_lines, bws = ([], []) if args.no_memory else _bandwidth_lines(counts, args.refresh)
+    except roof.RoofError as err:
+        print("\n".join(lines), f"peak: refused: {err}", sep="\n", file=sys.stderr)
+        return 1
+    lines += [*bw_lines, f"# cached in {roof.cache_file()}"]
     if args.json:
         print(json.dumps({"host": host.facts(), "cache": str(roof.cache_file()),
-                          "roofs": [asdict(r) for r in results]}, indent=1))
+                          "roofs": [asdict(r) for r in results],
+                          "bandwidth": [asdict(b) for b in bws]}, indent=1))
     else:
         print("\n".join(lines))
     return 0

@@ -158,7 +158,7 @@ def test_dsl_translates_unknown_target():
 
 
 def test_targets_imports_nothing_from_dsl():
-    code = ("import sys, targets, targets.cpu, targets.roof, targets.mca\n"
+    code = ("import sys, targets, targets.cpu, targets.roof, targets.mca, targets.bandwidth\n"
             "targets.get('host'); targets.names()\n"
             "bad = sorted(m for m in sys.modules if m == 'dsl' or m.startswith('dsl.'))\n"
             "assert not bad, bad\n")

@@ -104,6 +104,14 @@ def torch_peer(threads: int):
 
 WORKLOADS: list[Workload] = []
 SUITES = ("conv2d", "convnd", "pool", "deconv", "user")
+# Names that stand for several suites: ``--suite ops`` is every aclnn and DSP operator suite
+# (conv1d/3d/transposed, avg-pool backward, DeconvGradFilter), issue #19's "ops".
+ALIASES = {"ops": ("convnd", "pool", "deconv")}
+
+
+def expand_suites(names) -> list[str]:
+    """Suite names with every alias replaced by its suites (order kept, duplicates dropped)."""
+    return list(dict.fromkeys(n for name in names for n in ALIASES.get(name, (name,))))
 
 
 def register(workload: Workload) -> Workload:

@@ -28,8 +28,10 @@ def _parse(argv):
     p.add_argument("--repeat", type=int, default=7, help="timed samples per side (median)")
     p.add_argument("--min-time", type=float, default=0.03,
                    help="seconds one sample lasts at least (more iterations per sample)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="threads for ours and the peer (default: the target's cores)")
+    p.add_argument("--threads", type=thread_counts, default=None, metavar="N[,N...]",
+                   help="threads for ours and the peer (default: the target's cores); "
+                        "several (1,2,16) run every workload at each count in this run, "
+                        "one row per count, geomeans per count")
     p.add_argument("--target", default=None, help="target name (default: host)")
     p.add_argument("--dtype", default=None, choices=("float32", "float16"),
                    help="input dtype of our kernels (the peer runs float32)")
@@ -43,9 +45,19 @@ def _parse(argv):
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error("--repeat must be >= 1")
-    if args.threads is not None and args.threads < 1:
-        p.error("--threads must be >= 1")
     return args
+
+
+def thread_counts(text: str) -> list[int]:
+    """``"1,2,16"`` -> ``[1, 2, 16]`` (the order given, duplicates dropped); each >= 1."""
+    try:
+        counts = [int(part) for part in str(text).split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: thread counts, integers >= 1, comma-separated (1 or 1,2,16)")
+    return list(dict.fromkeys(counts))
 
 
 def _cpu_model() -> str:
@@ -138,9 +150,16 @@ HEAD = (f"{'workload':<42s} {'kind':<8s} {'ours GF/s':>10s} {'torch GF/s':>10s} 
         f"{'ratio':>7s} {'ours ms':>9s} {'torch ms':>9s} {'build s':>8s}")
 
 
-def format_row(r: dict) -> str:
+def head(sweep: bool = False) -> str:
+    """The table's column names; a thread sweep adds a ``thr`` column after ``kind``."""
+    return HEAD.replace(f"{'kind':<8s} ", f"{'kind':<8s} {'thr':>4s} ") if sweep else HEAD
+
+
+def format_row(r: dict, sweep: bool = False) -> str:
+    lead = f"{r['suite'] + '/' + r['name']:<42s} {r['kind']:<8s} " + (
+        f"{r.get('threads', 0):>4d} " if sweep else "")
     if r.get("error"):
-        return f"{r['suite'] + '/' + r['name']:<42s} {r['kind']:<8s} FAILED: {r['error']}"
+        return f"{lead}FAILED: {r['error']}"
 
     def ms(seconds):
         return seconds * 1e3 if seconds is not None else None
@@ -148,8 +167,7 @@ def format_row(r: dict) -> str:
     gb = r.get("unit") == "GB/s"  # a memory-bound row: the rate columns hold GB/s
     ours, peer = (r["ours_gbps"], r["peer_gbps"]) if gb else (r["ours_gflops"], r["peer_gflops"])
     others = "".join(f"  {k} {_fmt(v, '.2f', 0)}x" for k, v in r.get("others_ratio", {}).items())
-    return (f"{r['suite'] + '/' + r['name']:<42s} {r['kind']:<8s} "
-            f"{_fmt(ours, '.1f', 10)} {_fmt(peer, '.1f', 10)} "
+    return (f"{lead}{_fmt(ours, '.1f', 10)} {_fmt(peer, '.1f', 10)} "
             f"{_fmt(r['ratio'], '.2f', 7)} {_fmt(ms(r['ours_s']), '.3f', 9)} "
             f"{_fmt(ms(r['peer_s']), '.3f', 9)} {_fmt(r['build_s'], '.2f', 8)}"
             + (f" {_fmt(r['roof_pct'], '.1f', 6)}%" if "roof_pct" in r else "")
@@ -157,17 +175,63 @@ def format_row(r: dict) -> str:
 
 
 def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
-        out=None) -> list[dict]:
+        out=None, counts=None, target=None) -> list[dict]:
     """Set up and time each workload, reporting progress on ``out`` (default stderr);
-    returns one dict per row."""
+    returns one dict per row. ``counts`` (a thread sweep): each workload runs at each count
+    in turn, under ``target.with_cores(count)`` with TVM's pool set to that many threads,
+    one row each (``row["threads"]``)."""
+    import targets
     from dsl.progress import Steps
 
     rows = []
-    with Steps(len(workloads), "[bench]", unit="workload", stream=out) as steps:
-        for w in workloads:
-            rows.append(_run_one(w, repeat, min_time, use_peer, settle))
+    jobs = [(w, n) for w in workloads for n in (counts or [None])]
+    with Steps(len(jobs), "[bench]", unit="workload", stream=out) as steps:
+        for w, n in jobs:
+            if n is None:
+                rows.append(_run_one(w, repeat, min_time, use_peer, settle))
+            else:
+                set_pool(n)
+                with targets.use((target or targets.current()).with_cores(n)):
+                    rows.append({**_run_one(w, repeat, min_time, use_peer, settle),
+                                 "threads": n})
             steps.update(1, progress_text(rows[-1]))
+    if counts:
+        set_pool(0)  # back to TVM's default (TVM_NUM_THREADS) for whatever runs next
     return rows
+
+
+_POOL = {"size": 0}  # the largest pool set_pool has created in this process
+
+
+def set_pool(threads: int) -> None:
+    """This thread's TVM pool to ``threads`` workers (``runtime.config_threadpool``; 0: TVM's
+    default, ``TVM_NUM_THREADS``).
+
+    TVM creates the pool once, as large as the concurrency then in force, and never grows it:
+    the first call makes it as large as the machine. ``TVM_BIND_THREADS=0`` while it is set
+    (unless already set): pinned, the calling thread and a worker can land on one core.
+    """
+    import tvm
+
+    import targets
+
+    config = tvm.get_global_func("runtime.config_threadpool", allow_missing=True)
+    if config is None:
+        return
+    old = os.environ.get("TVM_BIND_THREADS")
+    os.environ.setdefault("TVM_BIND_THREADS", "0")
+    try:
+        if threads > _POOL["size"]:
+            cores = max(targets.machine_cores(), threads)
+            config(1, cores, [str(i) for i in range(cores)])
+            _POOL["size"] = cores
+        if threads:
+            config(1, threads, [str(i) for i in range(threads)])
+        else:
+            config(1, 0)
+    finally:
+        if old is None:
+            os.environ.pop("TVM_BIND_THREADS", None)
 
 
 def progress_text(row: dict) -> str:
@@ -206,36 +270,60 @@ def _run_one(w, repeat, min_time, use_peer, settle) -> dict:
 
 
 def add_roof(rows, threads: int, out=None) -> None:
-    """Give each GFLOP/s row ``roof_pct``: its rate as a share of this machine's fp32 roof on
-    ``threads`` threads (``targets.roof.measured_peak``: measured once per machine, cached),
-    and print that roof. Rows stay as they are when the roof cannot be measured here."""
+    """Give each row ``roof_pct`` (and ``roof``, the roof's name): a GFLOP/s row's rate as a
+    share of this machine's fp32 roof on ``threads`` threads
+    (``targets.roof.measured_peak``), a GB/s row's as a share of the memory bandwidth of
+    ``copy`` (read + write bytes, ``targets.roof.measured_bandwidth``) on ``threads``; both
+    measured once per machine and cached. Prints which roof each kind of row uses. Rows stay
+    as they are where a roof cannot be measured here."""
     from targets import roof
 
     out = out or sys.stdout
     try:
         peak = roof.measured_peak("float32", threads)
+        print(f"# % roof of GFLOP/s rows: fp32 roof {peak.gflops:.1f} GFLOP/s on {threads} "
+              f"thread(s) ({peak.gflops_per_core:.1f} per core at {peak.ghz:.2f} GHz; "
+              f"python -m dsl peak; {roof.cache_file()})", file=out)
+        _set_roof(rows, "GFLOP/s", "ours_gflops", peak.gflops, "fp32")
     except roof.RoofError as err:
         print(f"# fp32 roof unavailable: {err}", file=out)
+    if not any(r.get("ours_gbps") and r.get("unit") == "GB/s" for r in rows):
+        return  # no memory-bound row: the bandwidth is not measured for nothing
+    try:
+        copy = roof.measured_bandwidth("copy", threads)
+        read = roof.measured_bandwidth("read", threads)
+    except roof.RoofError as err:
+        print(f"# memory roof unavailable: {err}", file=out)
         return
-    print(f"# fp32 roof {peak.gflops:.1f} GFLOP/s on {threads} thread(s) "
-          f"({peak.gflops_per_core:.1f} per core at {peak.ghz:.2f} GHz; "
-          f"python -m dsl peak; {roof.cache_file()})", file=out)
+    print(f"# % roof of GB/s rows: memory bandwidth {copy.gbps:.1f} GB/s on {threads} "
+          f"thread(s), copy b = 3a counting read + write bytes as the rows do (read alone "
+          f"{read.gbps:.1f} GB/s; python -m dsl peak)", file=out)
+    _set_roof(rows, "GB/s", "ours_gbps", copy.gbps, "memory")
+
+
+def _set_roof(rows, unit: str, key: str, value: float, name: str) -> None:
     for r in rows:
-        if r.get("ours_gflops") and r.get("unit", "GFLOP/s") == "GFLOP/s":
-            r["roof_pct"] = 100 * r["ours_gflops"] / peak.gflops
+        if r.get(key) and r.get("unit", "GFLOP/s") == unit:
+            r["roof_pct"], r["roof"] = 100 * r[key] / value, name
 
 
-def summary(rows) -> dict:
-    """Per suite and kind ("conv2d/dx"): geometric mean of ratios, worst ratio, median build
-    seconds. Suites stay apart: their workloads answer different questions."""
+def _summary_key(r: dict, sweep: bool) -> str:
+    return f"{r['suite']}/{r['kind']}" + (f"@{r['threads']}" if sweep else "")
+
+
+def summary(rows, sweep: bool = False) -> dict:
+    """Per suite and kind ("conv2d/dx"; in a thread sweep per count too, "conv2d/dx@2"):
+    geometric mean of ratios, worst ratio, median build seconds. Suites stay apart: their
+    workloads answer different questions."""
     out = {}
-    for key in dict.fromkeys(f"{r['suite']}/{r['kind']}" for r in rows):
-        sel = [r for r in rows if f"{r['suite']}/{r['kind']}" == key and not r.get("error")]
+    for key in dict.fromkeys(_summary_key(r, sweep) for r in rows):
+        sel = [r for r in rows if _summary_key(r, sweep) == key and not r.get("error")]
         ratios = [r["ratio"] for r in sel if r["ratio"]]
         builds = [r["build_s"] for r in sel if r["build_s"] is not None]
         out[key] = {"geomean_ratio": geomean(ratios),
                      "min_ratio": min(ratios) if ratios else None,
                      "geomean_ours_gflops": geomean(r["ours_gflops"] for r in sel),
+                     "geomean_ours_gbps": geomean(r.get("ours_gbps") for r in sel),
                      "median_build_s": statistics.median(builds) if builds else None,
                      "rows": len(sel)}
     return out
@@ -258,8 +346,9 @@ def main(argv=None) -> int:
     except UsageError as exc:
         return exc.report("bench")
     target = target_get(args.target or "host")
-    if args.threads is not None:
-        target = target.with_cores(args.threads)
+    counts, sweep = args.threads, bool(args.threads and len(args.threads) > 1)
+    if counts:
+        target = target.with_cores(max(counts))
     fair_thread_env(target.cores)
     table = sys.stderr if output.json_to_stdout(args.json) else sys.stdout
     try:
@@ -268,18 +357,25 @@ def main(argv=None) -> int:
     except ImportError:
         peer_version = None
     info = machine(target, target.cores, peer_version)
-    print(f"# {info['cpu']}, {info['machine_cores']} cores; {target.cores} threads "
+    if counts:
+        set_pool(max(counts))  # TVM's pool never grows: create it large enough first
+        set_pool(counts[0])  # the header's pool size is the first count's
+        info.update(thread_counts=counts, tvm_threads=_pool_threads())
+    threads = ",".join(map(str, counts)) if sweep else target.cores
+    print(f"# {info['cpu']}, {info['machine_cores']} cores; {threads} threads "
           f"(TVM pool {info['tvm_threads']}); "
           f"target {target.name} ({info['mcpu']}, {target.vector_bits}-bit); "
           f"tvm {info['tvm']}; torch {peer_version or 'absent'}; load {info['load_avg']}; "
           f"median of {args.repeat} alternating samples", file=table)
     with targets.use(target):
         rows = run(selected, repeat=args.repeat, min_time=args.min_time,
-                   use_peer=peer_version is not None, settle=args.settle)
-    summ = summary(rows)
-    add_roof(rows, target.cores, out=table)
+                   use_peer=peer_version is not None, settle=args.settle, counts=counts,
+                   target=target)
+    summ = summary(rows, sweep)
+    for n in counts or [target.cores]:
+        add_roof([r for r in rows if r.get("threads", n) == n], n, out=table)
     if table is sys.stdout:
-        print_table(rows, summ)
+        print_table(rows, summ, sweep)
     output.write_json({"machine": info, "repeat": args.repeat, "min_time": args.min_time,
                        "settle": args.settle, "argv": list(argv or []),
                        "rows": rows, "summary": summ}, args.json)
@@ -290,15 +386,24 @@ def main(argv=None) -> int:
     return 1 if any(r.get("error") for r in rows) else 0
 
 
-def print_table(rows, summ) -> None:
-    """The results table and the per-suite/kind summary lines, on stdout."""
+def _pool_threads() -> int | None:
+    import tvm
+
+    pool = tvm.get_global_func("runtime.NumThreads", allow_missing=True)
+    return int(pool()) if pool is not None else None
+
+
+def print_table(rows, summ, sweep: bool = False) -> None:
+    """The results table and the per-suite/kind summary lines (per thread count in a sweep:
+    ``user/softmax@2``), on stdout."""
     print()
-    print(HEAD + (f" {'% roof':>7s}" if any("roof_pct" in r for r in rows) else ""))
+    print(head(sweep) + (f" {'% roof':>7s}" if any("roof_pct" in r for r in rows) else ""))
     for r in rows:
-        print(format_row(r))
+        print(format_row(r, sweep))
     print()
     for kind, s in summ.items():
+        rate = (f"{_fmt(s['geomean_ours_gbps'], '.1f', 7)} GB/s   " if s.get("geomean_ours_gbps")
+                else f"{_fmt(s['geomean_ours_gflops'], '.1f', 7)} GFLOP/s")
         print(f"{kind:<16s} geomean ours/torch {_fmt(s['geomean_ratio'], '.2f', 6)}  "
-              f"min {_fmt(s['min_ratio'], '.2f', 5)}  "
-              f"geomean ours {_fmt(s['geomean_ours_gflops'], '.1f', 7)} GFLOP/s  "
+              f"min {_fmt(s['min_ratio'], '.2f', 5)}  geomean ours {rate}  "
               f"median build {_fmt(s['median_build_s'], '.2f', 5)} s  ({s['rows']} rows)")

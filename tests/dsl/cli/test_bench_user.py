@@ -69,6 +69,9 @@ def test_runner_prints_gbps_rows_and_extra_peers(tmp_path, capsys, monkeypatch):
     assert chain["unit"] == "GB/s" and chain["ours_gbps"] > 0 and mm["unit"] == "GFLOP/s"
     assert np.isclose(chain["ours_gbps"], chain["bytes"] / chain["ours_s"] / 1e9)
     assert "[GB/s]" in out
+    if "memory roof unavailable" not in out:  # GB/s rows: % of the measured copy bandwidth
+        assert chain["roof"] == "memory" and chain["roof_pct"] > 0 and mm["roof"] == "fp32"
+        assert "% roof of GB/s rows: memory bandwidth" in out
     if HAVE_TORCH:
         assert set(chain["others_ratio"]) == {"numpy"} and "numpy" in out
 
