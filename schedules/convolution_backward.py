@@ -35,6 +35,7 @@ from schedules.toolbox import (
     parallel,
     register_factor,
     spatial_count,
+    transpose_tile,
     vectorize_split,
 )
 
@@ -204,8 +205,11 @@ def _params(workload) -> dict:
 def _elementwise(sch, workload, stage: str, why: str) -> None:
     block = workload.find(sch, stage)
     if block is not None:
+        if transpose_tile(sch, block, workload.target):
+            why += " (an 8 x 8 tiled transpose)"
+        else:
+            elementwise(sch, block, workload.target)
         workload.note(sch.get(block).name_hint, RULE, why)
-        elementwise(sch, block, workload.target)
 
 
 for _tag in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
