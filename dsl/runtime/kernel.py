@@ -382,8 +382,11 @@ def _compatible(meta: dict) -> None:
     ours = versions()
     theirs = meta.get("versions", {})
     if theirs.get("json_format") != JSON_FORMAT or theirs.get("dsl") != ours["dsl"]:
+        # json_format 1 libraries assume 64-byte aligned arguments: calling one with the
+        # element-aligned arrays this loader passes could fault
         raise fail(E_FILE, "kernel json versions", theirs,
-                   f"was built by another DSL version (this is {ours['dsl']}); rebuild it")
+                   f"was built by another DSL version or calling convention (this is "
+                   f"{ours['dsl']}, json_format {JSON_FORMAT}); rebuild it")
     tgt = meta.get("target", {})
     try:
         entry = targets.get(tgt.get("name", ""))
