@@ -72,17 +72,19 @@ class Kernel:
                 raise fail(E_VALUE, f"{self.name}(...)", len(arrays),
                            f"takes {self._n_in} inputs, or {self._n_all} arrays (inputs then "
                            "outputs), or inputs and out=")
-            args = arrays
-        else:
-            args = arrays + ((out,) if self._n_out == 1 and not isinstance(out, (tuple, list))
-                             else tuple(out))
-            if len(arrays) != self._n_in or len(args) != self._n_all:
-                raise fail(E_VALUE, f"{self.name}(..., out=...)", len(arrays),
-                           f"takes {self._n_in} inputs and out= {self._n_out} outputs")
-        res = args[self._n_in:] if self._run_in_place(args, True) else self._call_checked(args)
-        if out is not None:
-            return out
-        return res[0] if len(res) == 1 else tuple(res)
+            res = arrays[self._n_in:]
+            if not self._run_in_place(arrays, True):
+                res = self._call_checked(arrays)
+            return res[0] if len(res) == 1 else tuple(res)
+        tp = type(out)
+        args = arrays + ((out,) if self._n_out == 1 and tp is not tuple and tp is not list
+                         else tuple(out))
+        if len(arrays) != self._n_in or len(args) != self._n_all:
+            raise fail(E_VALUE, f"{self.name}(..., out=...)", len(arrays),
+                       f"takes {self._n_in} inputs and out= {self._n_out} outputs")
+        if not self._run_in_place(args, True):
+            self._call_checked(args)
+        return out
 
     def _call_allocating(self, arrays: tuple):
         kind = _kind(arrays[0]) if arrays else "numpy"
