@@ -13,6 +13,11 @@ the call differs:
   element alignment: any address runs in place);
 * ``torch``: torch tensors;
 
+With ``--per-call ROUNDS`` single calls are timed instead: each ``out=`` call takes turns with
+``raw`` on the same memory, call by call, for ROUNDS rounds (a burst of load hits both alike),
+and the median and the minimum of the single calls are printed: steadier than a few long
+samples on a shared machine.
+
 ``out=`` is ``kernel(dy, out=dx)`` (the zero-copy path: DLPack, results written into ``dx``),
 ``raw`` is ``kernel.func`` on DLPack views of the same arrays. Also ``numpy alloc``
 (``kernel(dy)``, allocating its result) and ``copying (old)``: what every call did before the
@@ -44,6 +49,9 @@ def _off_by(shape, dtype: str, offset: int):
     dt = np.dtype(dtype)
     buf = _empty((math.prod(shape) * dt.itemsize + offset,), "uint8", "numpy")
     return buf[offset:].view(dt).reshape(shape)
+
+
+_KINDS = ("tvm", "numpy", "numpy np.empty", "numpy +4 B", "torch")
 
 
 def _memories(dy, dx_shape, dtype: str) -> dict:
@@ -102,26 +110,62 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--repeat", type=int, default=15, help="alternating samples (median)")
     p.add_argument("--min-time", type=float, default=0.05, help="seconds per sample")
+    p.add_argument("--per-call", type=int, default=0, metavar="ROUNDS",
+                   help="time single calls, the ways taking turns call by call, ROUNDS rounds")
     args = p.parse_args(argv)
-    from dsl.cli.bench.runner import measure_alternating
+    import numpy as np
 
     shape = tuple(int(v) for v in args.shape.split(","))
     kernel = _kernel(shape, args.dtype)
     fns = candidates(kernel, args.dtype)
-    times = dict(zip(fns, measure_alternating(list(fns.values()), args.repeat, args.min_time)))
-    raw = times["raw tvm"]
-    import numpy as np
-
     # dx + dy (a quarter of dx's size)
     mb = 1.25 * np.dtype(args.dtype).itemsize * (shape[0] * shape[1] * shape[2] * shape[3]) / 1e6
+    if args.per_call > 0:
+        times = _per_call(fns, args.per_call)
+        how = f"single calls in turn, {args.per_call} rounds: median (min)"
+    else:
+        from dsl.cli.bench.runner import measure_alternating
+
+        times = {name: (t, None) for name, t in zip(fns, measure_alternating(
+            list(fns.values()), args.repeat, args.min_time))}
+        how = f"median of {args.repeat} alternating samples"
     print(f"# {kernel.name}: avg_pool2d backward {shape} {args.dtype}, ~{mb:.1f} MB moved; "
-          f"median of {args.repeat} alternating samples")
-    print(f"{'call':<22s} {'median':>10s}  {'vs raw tvm':>10s}  {'vs raw, same memory':>19s}")
-    for name, t in times.items():
-        own = times.get(f"raw {name[:-5]}") if name.endswith(" out=") else None
-        mine = f"{t / own:18.3f}x" if own else ""
-        print(f"{name:<22s} {t * 1e6:7.1f} us  {t / raw:9.3f}x  {mine}")
+          f"{how}")
+    _print(times)
     return 0
+
+
+def _per_call(fns: dict, rounds: int) -> dict:
+    """name -> (median, min) seconds of single calls: each way of calling takes turns with
+    ``raw`` on the same memory (one memory at a time: turns across all of them let each way
+    find the memory of another in cache or TLB), every timed call after an untimed one."""
+    import statistics
+    import time
+
+    groups = [[n for n in (f"raw {kind}", f"{kind} out=") if n in fns]
+              for kind in _KINDS]
+    groups += [[n] for n in fns if not any(n in g for g in groups)]
+    out = {}
+    for group in groups:
+        samples: dict = {name: [] for name in group}
+        for _ in range(rounds):
+            for name in group:
+                fns[name]()
+                t0 = time.perf_counter()
+                fns[name]()
+                samples[name].append(time.perf_counter() - t0)
+        out.update({name: (statistics.median(v), min(v)) for name, v in samples.items()})
+    return {name: out[name] for name in fns}
+
+
+def _print(times: dict) -> None:
+    raw = times["raw tvm"][0]
+    print(f"{'call':<22s} {'median':>10s}  {'vs raw tvm':>10s}  {'vs raw, same memory':>19s}")
+    for name, (t, low) in times.items():
+        own = times.get(f"raw {name[:-5]}") if name.endswith(" out=") else None
+        mine = f"{t / own[0]:18.3f}x" if own else " " * 19
+        extra = f"   (min {low * 1e6:.1f} us)" if low is not None else ""
+        print(f"{name:<22s} {t * 1e6:7.1f} us  {t / raw:9.3f}x  {mine}{extra}")
 
 
 if __name__ == "__main__":
