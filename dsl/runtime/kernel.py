@@ -106,7 +106,11 @@ class Kernel:
         (ndim, shape, dtype, compact strides, byte offset, device); what it cannot know is
         tested here: a torch negative view (its memory holds ``-x``) and an output that may
         share memory with an input (bounds only; the function's pointers are ``noalias``).
-        numpy's DLPack export refuses read-only arrays. Plain loops: this runs every call.
+        numpy's DLPack export refuses read-only arrays. A numpy view whose elements are not
+        even aligned to their size (``flags.aligned`` False, from a byte buffer) is not
+        routed aside: the code declares element alignment only, so LLVM emits no instruction
+        that needs more, and x86 loads and stores any address (checking the flag would cost
+        every call). Plain loops: this runs every call.
         """
         numpy_only = True
         for a in args:

@@ -254,9 +254,10 @@ def test_generated_code_assumes_only_element_alignment():
     """The library's arguments are declared element-aligned: no ``align 64`` parameter or
     alignment assumption for LLVM; a build under the old 64-byte convention has another cache
     key (its TIR differs), so an old library is never reused for the new calling convention."""
+    from tvm import te
+
     from dsl.runtime import build
     from dsl.runtime.schedule import auto_schedule
-    from tvm import te
 
     x = te.placeholder((37,), "float16", name="x")
     y = te.compute((37,), lambda i: x[i] * 2, name="y", tag="elewise")
