@@ -99,7 +99,8 @@ dsl.build(dsl.auto_schedule(dx_t), {"name": "my_kernel", "tensor_list": [dy_t, d
 dy = np.arange(4 * 33, dtype="float32").reshape(4, 33)
 dx = np.empty_like(dy)
 """, """
-assert np.array_equal(dx, 2 * dy)
+assert np.array_equal(dx, 2 * dy) and np.array_equal(odd, 2 * dy)
+assert odd.ctypes.data % 64
 """),
 }
 

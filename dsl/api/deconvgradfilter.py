@@ -226,19 +226,20 @@ def _deconv_grad_filter(dtype: str, dy, x, dw, param, cores: int | None, core_ma
         kernel.func(*args)
     else:
         _run_threads(cores, lambda: kernel.func(*args))
-    if out is None:  # dw not shareable with TVM (unaligned, strided, overlapping an input)
+    if out is None:  # dw not shareable with TVM (strided, overlapping an input)
         np.copyto(dw, args[2].numpy().reshape(dw.shape))
 
 
 def _tvm_view(a: np.ndarray, shape, *, copy: bool):
-    """``a`` as a TVM tensor of ``shape`` sharing its memory when TVM accepts it (C-contiguous,
-    64-byte aligned, as the generated code assumes); else an aligned copy, or None when
-    ``copy`` is False."""
+    """``a`` as a TVM tensor of ``shape`` sharing its memory when TVM accepts it (C-contiguous
+    and writeable: the kernels assume only element alignment); else an aligned copy, or None
+    when ``copy`` is False."""
     import tvm
+    import tvm_ffi
 
-    if a.flags.c_contiguous and a.ctypes.data % 64 == 0:
-        try:
-            return tvm.runtime.from_dlpack(a.reshape(shape))
+    if a.flags.c_contiguous:
+        try:  # tvm_ffi's, not tvm.runtime.from_dlpack, which insists on 64-byte alignment
+            return tvm_ffi.from_dlpack(a.reshape(shape))
         except (BufferError, ValueError, TypeError, RuntimeError):
             pass  # e.g. a read-only array cannot be exported through DLPack
     if not copy:
@@ -293,8 +294,9 @@ def hp_deconv_grad_filter_p(dy_data, x_data, dw_data, param) -> None:
 
 
 def aligned_empty(shape, dtype) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data is 64-byte aligned, so the calls above
-    hand it to the kernel without copying."""
+    """An uninitialised C-contiguous array whose data is 64-byte aligned (whole cache lines).
+    The calls above hand any C-contiguous writeable array to the kernel without copying; this
+    one also starts on a cache line."""
     shape = tuple(int(d) for d in np.atleast_1d(shape))
     dt = np.dtype(dtype)
     n = math.prod(shape) * dt.itemsize

@@ -19,7 +19,7 @@ import targets
 from dsl.errors import E_FILE, E_SHAPE, E_TYPE, E_VALUE, DslError, fail
 from dsl.ops.para_dict import check_kernel_name
 
-ALIGN = 64  # bytes: the generated code assumes every buffer starts on this boundary
+ALIGN = 64  # bytes: where the arrays a call allocates start (whole cache lines)
 
 
 class Kernel:
@@ -29,11 +29,13 @@ class Kernel:
     and returns them (one, or a tuple); ``kernel(*inputs, *outputs)`` or
     ``kernel(*inputs, out=outputs)`` writes into the given outputs and returns them.
 
-    Zero copy: a C-contiguous, 64-byte aligned argument (what numpy, torch and TVM allocate)
-    passes to the kernel through DLPack as is, and results are written straight into the
-    given outputs. Only arguments the generated code cannot read in place are copied: strided,
-    misaligned or read-only arrays, numpy bfloat16 is viewed (not copied), an output that
-    overlaps an input is computed aside then copied in.
+    Zero copy: a C-contiguous argument (at any address: the kernels assume only that elements
+    are aligned to their size) passes to the generated function as is, through DLPack, and
+    results are written straight into the given outputs. Only what the generated code cannot
+    read in place is copied: strided or read-only arrays, torch's negative views; numpy
+    bfloat16 is viewed (not copied); an output that overlaps an input is computed aside then
+    copied in. Shapes, dtypes, devices and the argument count are checked before anything
+    runs (:class:`dsl.DslError`).
     """
 
     def __init__(self, meta: dict, module, func):
@@ -47,11 +49,95 @@ class Kernel:
         self._shapes = {id(t): tuple(t["shape"]) for t in meta["tensors"]}
         self._nbytes = {id(t): math.prod(t["shape"]) * _ITEMSIZE.get(t["dtype"], 8)
                         for t in meta["tensors"]}
+        # per call, precomputed: counts, the argument order as positions in (*inputs,
+        # *outputs), and the bytes each position spans (for the overlap test)
+        specs = [*self.inputs, *self.outputs]
+        self._n_in, self._n_out, self._n_all = len(self.inputs), len(self.outputs), len(specs)
+        self._order = None if self._in_first else tuple(
+            next(j for j, s in enumerate(specs) if s is t) for t in meta["tensors"])
+        self._span_bytes = tuple(self._nbytes[id(s)] for s in specs)
+        self._pairs = tuple((j, i) for j in range(self._n_in, self._n_all)
+                            for i in range(self._n_in))  # (output, input) positions
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{t['name']}{tuple(t['shape'])}:{t['dtype']}" for t in self.meta[
             "tensors"])
         return f"<dsl.Kernel {self.name}({sig})>"
+
+    def __call__(self, *arrays, out=None):
+        if out is None:
+            if len(arrays) == self._n_in:
+                return self._call_allocating(arrays)
+            if len(arrays) != self._n_all:
+                raise fail(E_VALUE, f"{self.name}(...)", len(arrays),
+                           f"takes {self._n_in} inputs, or {self._n_all} arrays (inputs then "
+                           "outputs), or inputs and out=")
+            res = arrays[self._n_in:]
+            if not self._run_in_place(arrays, True):
+                res = self._call_checked(arrays)
+            return res[0] if len(res) == 1 else tuple(res)
+        tp = type(out)
+        args = arrays + ((out,) if self._n_out == 1 and tp is not tuple and tp is not list
+                         else tuple(out))
+        if len(arrays) != self._n_in or len(args) != self._n_all:
+            raise fail(E_VALUE, f"{self.name}(..., out=...)", len(arrays),
+                       f"takes {self._n_in} inputs and out= {self._n_out} outputs")
+        if not self._run_in_place(args, True):
+            self._call_checked(args)
+        return out
+
+    def _call_allocating(self, arrays: tuple):
+        kind = _kind(arrays[0]) if arrays else "numpy"
+        if kind is None:  # not an array: the checks name it
+            res = self._call_checked(arrays)
+        else:
+            outs = tuple(_empty(s["shape"], s["dtype"], kind) for s in self.outputs)
+            # fresh outputs overlap nothing
+            done = self._run_in_place(arrays + outs, False)
+            res = outs if done else self._call_checked(arrays + outs)
+        return res[0] if len(res) == 1 else tuple(res)
+
+    def _run_in_place(self, args: tuple, overlap_possible: bool) -> bool:
+        """The fast path: hand ``args`` to the generated function as they are and return
+        True, or return False, having run nothing, when :meth:`_call_checked` must take the
+        call (an argument that is not a plain array, or that the function refuses).
+
+        Sound because the function itself checks, before it computes, every fact it relies on
+        (ndim, shape, dtype, compact strides, byte offset, device); what it cannot know is
+        tested here: a torch negative view (its memory holds ``-x``) and an output that may
+        share memory with an input (bounds only; the function's pointers are ``noalias``).
+        numpy's DLPack export refuses read-only arrays. A numpy view whose elements are not
+        even aligned to their size (``flags.aligned`` False, from a byte buffer) is not
+        routed aside: the code declares element alignment only, so LLVM emits no instruction
+        that needs more, and x86 loads and stores any address (checking the flag would cost
+        every call). Plain loops: this runs every call.
+        """
+        numpy_only = True
+        for a in args:
+            kind = _KINDS.get(type(a)) or _kind(a)
+            if kind != "numpy":
+                if kind is None or (kind == "torch" and a.is_neg()):
+                    return False
+                numpy_only = False
+        if overlap_possible:
+            if numpy_only:
+                for j, i in self._pairs:
+                    if _may_share_memory(args[j], args[i]):
+                        return False
+            else:
+                ptr = [a.ctypes.data if type(a) is np.ndarray else a.data_ptr() for a in args]
+                size = self._span_bytes
+                for j, i in self._pairs:
+                    if ptr[j] < ptr[i] + size[i] and ptr[i] < ptr[j] + size[j]:
+                        return False
+        try:
+            if self._order is None:
+                self.func(*args)
+            else:
+                self.func(*[args[j] for j in self._order])
+        except Exception:  # noqa: BLE001 - refused before running: the checked path says why
+            return False
+        return True
 
     def _where(self, i: int, spec: dict) -> str:
         return f"{self.name} argument {i} ({spec['name']})"
@@ -91,21 +177,13 @@ class Kernel:
         raise fail(E_TYPE, self._where(i, spec), type(a).__name__,
                    "must be a numpy.ndarray, a torch.Tensor or a TVM tensor")
 
-    def __call__(self, *arrays, out=None):
-        n_in, n_all = len(self.inputs), len(self.meta["tensors"])
-        if out is not None:
-            outs_given = (out,) if len(self.outputs) == 1 and not isinstance(
-                out, (tuple, list)) else tuple(out)
-            if len(arrays) != n_in or len(outs_given) != len(self.outputs):
-                raise fail(E_VALUE, f"{self.name}(..., out=...)", len(arrays),
-                           f"takes {n_in} inputs and out= {len(self.outputs)} outputs")
-            arrays = (*arrays, *outs_given)
-        elif len(arrays) not in (n_in, n_all):
-            raise fail(E_VALUE, f"{self.name}(...)", len(arrays),
-                       f"takes {n_in} inputs, or {n_all} arrays (inputs then outputs), or "
-                       "inputs and out=")
+    def _call_checked(self, arrays: tuple) -> list:
+        """The careful path: check every argument (:class:`dsl.DslError` before anything
+        runs), copy what the generated code cannot use in place, run, copy results back.
+        ``arrays``: the inputs, or the inputs then the outputs. Returns the outputs."""
+        n_in = self._n_in
         ins = [self._check(i, s, a) for i, (s, a) in enumerate(zip(self.inputs, arrays))]
-        if len(arrays) == n_all:
+        if len(arrays) == self._n_all:
             outs = [self._check(n_in + i, s, a) for i, (s, a) in
                     enumerate(zip(self.outputs, arrays[n_in:]))]
             for i, (o, kind) in enumerate(outs):
@@ -127,10 +205,7 @@ class Kernel:
         self._run(tin, tout)
         for o, kind, arg in writeback:
             _copy_into(o, kind, arg)
-        res = [o for o, _ in outs]
-        if out is not None:
-            return out
-        return res[0] if len(res) == 1 else tuple(res)
+        return [o for o, _ in outs]
 
     @staticmethod
     def _dtype_of(o, kind: str) -> str:
@@ -206,30 +281,48 @@ def _numpy_view(a: np.ndarray):
     return tvm_ffi.from_dlpack(a)
 
 
-def _aligned(t) -> bool:
-    return t.data_ptr() % ALIGN == 0
+_may_share_memory = np.may_share_memory
+_KINDS: dict = {np.ndarray: "numpy"}  # type -> kind, filled as types are met (_kind)
+
+
+def _kind(a) -> str | None:
+    """``"numpy"`` (a plain ndarray: no masked array, no matrix), ``"torch"`` (a torch.Tensor
+    or subclass), ``"tvm"`` (a TVM tensor), or None (anything else)."""
+    tp = type(a)
+    kind = _KINDS.get(tp)
+    if kind is None and tp not in _KINDS:
+        import sys
+
+        import tvm_ffi
+
+        torch = sys.modules.get("torch")  # a torch tensor means torch is imported already
+        if torch is not None and issubclass(tp, torch.Tensor):
+            kind = "torch"
+        elif issubclass(tp, tvm_ffi.Tensor):
+            kind = "tvm"
+        _KINDS[tp] = kind
+    return kind
 
 
 def _kernel_input(a, kind: str):
     """``a`` as a kernel argument: itself (torch, TVM) or a TVM view (numpy) when the
-    generated code can read it in place (C-contiguous, 64-byte aligned), else a copy."""
+    generated code can read it in place (C-contiguous; any element-aligned address), else a
+    copy."""
     if kind == "numpy":
         if a.flags.c_contiguous and a.flags.writeable:  # DLPack cannot export read-only
-            t = _numpy_view(a)
-            if _aligned(t):
-                return t
+            return _numpy_view(a)
         b = _empty(a.shape, _np_name(a.dtype), "numpy")
         np.copyto(b, a)
         return _numpy_view(b)
     if kind == "torch":
         if a.requires_grad:
             a = a.detach()
-        if a.is_contiguous() and _aligned(a) and not a.is_conj() and not a.is_neg():
+        if a.is_contiguous() and not a.is_conj() and not a.is_neg():
             return a
         b = _empty(a.shape, str(a.dtype)[6:], "torch")
         b.copy_(a)
         return b
-    if a.is_contiguous() and _aligned(a):
+    if a.is_contiguous():
         return a
     b = _empty(tuple(a.shape), str(a.dtype), "tvm")
     b.copyfrom(a.numpy())
@@ -238,7 +331,7 @@ def _kernel_input(a, kind: str):
 
 def _kernel_output(o, kind: str, spans: list, nbytes: int):
     """``o`` as the kernel's output argument, or None when it must be written afterwards
-    (not C-contiguous and aligned, or overlapping an input the kernel still reads)."""
+    (not C-contiguous, or overlapping an input the kernel still reads)."""
     if kind == "numpy":
         if not o.flags.c_contiguous:
             return None
@@ -251,8 +344,6 @@ def _kernel_output(o, kind: str, spans: list, nbytes: int):
         if not o.is_contiguous():
             return None
         t = o
-    if not _aligned(t):
-        return None
     lo, hi = _span(t, nbytes)
     for a_lo, a_hi in spans:
         if lo < a_hi and a_lo < hi:
@@ -297,8 +388,11 @@ def _compatible(meta: dict) -> None:
     ours = versions()
     theirs = meta.get("versions", {})
     if theirs.get("json_format") != JSON_FORMAT or theirs.get("dsl") != ours["dsl"]:
+        # json_format 1 libraries assume 64-byte aligned arguments: calling one with the
+        # element-aligned arrays this loader passes could fault
         raise fail(E_FILE, "kernel json versions", theirs,
-                   f"was built by another DSL version (this is {ours['dsl']}); rebuild it")
+                   f"was built by another DSL version or calling convention (this is "
+                   f"{ours['dsl']}, json_format {JSON_FORMAT}); rebuild it")
     tgt = meta.get("target", {})
     try:
         entry = targets.get(tgt.get("name", ""))
