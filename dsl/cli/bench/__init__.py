@@ -86,10 +86,31 @@ def fresh_build(outputs, inputs, name: str):
 
     with tempfile.TemporaryDirectory(prefix="dsl-bench-") as tmp:
         t0 = time.perf_counter()
-        build(auto_schedule(outputs), {"name": name, "tensor_list": [*inputs, *outputs],
-                                       "kernel_meta_parent_dir": tmp})
+        sch = auto_schedule(outputs)
+        config = {"name": name, "tensor_list": [*inputs, *outputs],
+                  "kernel_meta_parent_dir": tmp}
+        build(sch, config)
         seconds = time.perf_counter() - t0
+        if ASM_SINK is not None:  # bench --mca: after the timed build, asm only
+            try:
+                ASM_SINK.append(_assembly(sch, config))
+            except Exception:  # noqa: BLE001 - no assembly: the row reports no FMA loop
+                ASM_SINK.append("")
         return load(name, tmp), seconds
+
+
+# ``bench --mca`` sets this to a list (``dsl.cli.bench.mca.capture``): each fresh_build then
+# appends its kernel's assembly. None (the default): nothing extra is compiled.
+ASM_SINK: list | None = None
+
+
+def _assembly(sch, config) -> str:
+    """AT&T assembly of the kernel ``build(sch, config)`` made: the same lowered module
+    (``need_build=False``) compiled again for the same target, never exported."""
+    from dsl.runtime.build import build, compile_module
+
+    mod = build(sch, {**config, "need_build": False})
+    return compile_module(mod, sch.target.tvm_target()).mod.inspect_source("asm")
 
 
 def torch_peer(threads: int):

@@ -40,6 +40,9 @@ def _parse(argv):
                         "worker threads (TVM pool, OpenMP) park first")
     output.add_json_arg(p)
     p.add_argument("--no-peer", action="store_true", help="skip PyTorch")
+    p.add_argument("--mca", action="store_true",
+                   help="also llvm-mca's cycles/iteration of each kernel's hot FMA loop on the "
+                        "target's -mcpu: predicted vs achieved FLOP/cycle/core")
     p.add_argument("--plot", default=None, metavar="FILE.png",
                    help="draw ours vs PyTorch GFLOP/s per workload (needs matplotlib)")
     args = p.parse_args(argv)
@@ -171,15 +174,22 @@ def format_row(r: dict, sweep: bool = False) -> str:
             f"{_fmt(r['ratio'], '.2f', 7)} {_fmt(ms(r['ours_s']), '.3f', 9)} "
             f"{_fmt(ms(r['peer_s']), '.3f', 9)} {_fmt(r['build_s'], '.2f', 8)}"
             + (f" {_fmt(r['roof_pct'], '.1f', 6)}%" if "roof_pct" in r else "")
-            + f"{'  [GB/s]' if gb else ''}{others}")
+            + f"{'  [GB/s]' if gb else ''}{others}{mca_cell(r)}")
+
+
+def mca_cell(r: dict) -> str:
+    from dsl.cli.bench import mca
+
+    return mca.cell(r)
 
 
 def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
-        out=None, counts=None, target=None) -> list[dict]:
+        out=None, counts=None, target=None, keep_asm=False) -> list[dict]:
     """Set up and time each workload, reporting progress on ``out`` (default stderr);
     returns one dict per row. ``counts`` (a thread sweep): each workload runs at each count
     in turn, under ``target.with_cores(count)`` with TVM's pool set to that many threads,
-    one row each (``row["threads"]``)."""
+    one row each (``row["threads"]``). ``keep_asm``: each row's ``asm`` holds the assembly
+    of the kernels its setup built (``bench --mca``; compiled after the timed build)."""
     import targets
     from dsl.progress import Steps
 
@@ -188,11 +198,11 @@ def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
     with Steps(len(jobs), "[bench]", unit="workload", stream=out) as steps:
         for w, n in jobs:
             if n is None:
-                rows.append(_run_one(w, repeat, min_time, use_peer, settle))
+                rows.append(_run_one(w, repeat, min_time, use_peer, settle, keep_asm))
             else:
                 set_pool(n)
                 with targets.use((target or targets.current()).with_cores(n)):
-                    rows.append({**_run_one(w, repeat, min_time, use_peer, settle),
+                    rows.append({**_run_one(w, repeat, min_time, use_peer, settle, keep_asm),
                                  "threads": n})
             steps.update(1, progress_text(rows[-1]))
     if counts:
@@ -245,11 +255,18 @@ def progress_text(row: dict) -> str:
             f"{cell(row['ours_gflops'], '.1f')} GFLOP/s")
 
 
-def _run_one(w, repeat, min_time, use_peer, settle) -> dict:
+def _run_one(w, repeat, min_time, use_peer, settle, keep_asm=False) -> dict:
     """Set up, check and time one workload; a failure becomes the row's ``error``."""
+    import contextlib
+
+    from dsl.cli.bench import mca
+
     row = {"suite": w.suite, "name": w.name, "kind": w.kind, "flops": w.flops}
     try:
-        prep = w.setup()
+        with mca.capture() if keep_asm else contextlib.nullcontext() as asms:
+            prep = w.setup()
+        if keep_asm:
+            row["asm"] = asms
         ours, peer, others = measure(prep, repeat, min_time, use_peer, settle)
         err = prep.verify() if use_peer else None
         nbytes = getattr(w, "bytes", 0.0)
@@ -370,10 +387,17 @@ def main(argv=None) -> int:
     with targets.use(target):
         rows = run(selected, repeat=args.repeat, min_time=args.min_time,
                    use_peer=peer_version is not None, settle=args.settle, counts=counts,
-                   target=target)
+                   target=target, keep_asm=args.mca)
     summ = summary(rows, sweep)
     for n in counts or [target.cores]:
         add_roof([r for r in rows if r.get("threads", n) == n], n, out=table)
+    if args.mca:
+        from dsl.cli.bench import mca
+
+        mca.add_mca(rows, lambda r: r.get("threads", target.cores), target,
+                    lambda r: r.get("asm", []), out=table)
+    for r in rows:
+        r.pop("asm", None)  # the assembly stays out of --json
     if table is sys.stdout:
         print_table(rows, summ, sweep)
     output.write_json({"machine": info, "repeat": args.repeat, "min_time": args.min_time,
