@@ -93,12 +93,18 @@ def hot_loop(asm: str) -> list[str]:
         body = [s.split("#")[0].rstrip() for s in lines[labels[m.group(1)]:j + 1]]
         body = [s for s in body if s.strip() and not s.strip().startswith(".")
                 or _LABEL.match(s)]
-        insns = [s for s in body if not _LABEL.match(s)]
-        fmas = sum(1 for s in insns if FMA_RE.match(s))
-        key = (fmas / max(1, len(insns)), fmas)
-        if fmas and key > best_key:
+        key = loop_rank(body)
+        if key[1] and key > best_key:
             best, best_key = body, key
     return best
+
+
+def loop_rank(block: Sequence[str]) -> tuple[float, int]:
+    """How hot a loop body looks: (FMA / dot-product instructions per instruction, their
+    count); labels do not count as instructions."""
+    insns = [s for s in block if not _LABEL.match(s)]
+    fmas = sum(1 for s in insns if FMA_RE.match(s))
+    return fmas / max(1, len(insns)), fmas
 
 
 def fma_flops(block: Sequence[str]) -> int:

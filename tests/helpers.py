@@ -38,6 +38,16 @@ def assert_close(out, ref, out_dtype, what=""):
     return err / scale
 
 
+def assert_nonfinite_positions(out, ref, what=""):
+    """``out`` has NaN, +inf and -inf exactly where ``ref`` has them; returns ``out`` as
+    float64 and the mask of ``ref``'s finite positions, for the caller's own comparison."""
+    out = np.asarray(out, np.float64)
+    for name, pred in (("NaN", np.isnan), ("+inf", np.isposinf), ("-inf", np.isneginf)):
+        bad = np.argwhere(pred(out) != pred(ref))
+        assert not bad.size, f"{what}: {name} differs from the reference at {bad[:5].tolist()}"
+    return out, np.isfinite(ref)
+
+
 def case_id(c):
     return "n{}_ci{}_co{}_{}x{}_k{}x{}_s{}_p{}_d{}_g{}".format(
         c["n"], c["cin"], c["cout"], c["h"], c["w"], c["kh"], c["kw"],

@@ -36,10 +36,8 @@ def best_loop(asms) -> tuple[list[str], str | None]:
     best, best_key, src = [], (0.0, 0), None
     for asm in asms:
         loop = mca.hot_loop(asm)
-        insns = [s for s in loop if not s.rstrip().endswith(":")]
-        fmas = sum(1 for s in insns if mca.FMA_RE.match(s))
-        key = (fmas / max(1, len(insns)), fmas)
-        if fmas and key > best_key:
+        key = mca.loop_rank(loop)
+        if key[1] and key > best_key:
             best, best_key, src = loop, key, asm
     return best, src
 
