@@ -69,13 +69,15 @@ class Tile:
                 f"{self.kc}-step reduction chunk")
 
 
-def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool) -> Tile:
-    """Tile sizes from the target's registers, caches and cores."""
+def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int = 0) -> Tile:
+    """Tile sizes from the target's registers, caches and cores. ``group``: when not 0, the
+    vector axis is channels in groups of ``group`` whose other operand is one channel per
+    group (a broadcast), so the lanes take a divisor of ``group``, never two groups."""
     loops = sch.get_loops(block)
     n_sp = spatial_count(sch, block)
     ext = [extent(sch, lp) for lp in loops]
     lanes = target.lanes("float32")
-    vf = register_factor(ext[vec], lanes)
+    vf = register_factor(group or ext[vec], lanes)
     rf = largest_divisor(ext[row], max(1, accumulator_registers(target) // -(-vf // lanes)))
     kc = largest_divisor(ext[-1], K_CHUNK) if len(ext) > n_sp else 1
     l2 = target.l2_kib << 10
@@ -162,26 +164,38 @@ def schedule_convolution_backward(sch, workload) -> None:
     """The rule for every output tag of the operator (the kernel may hold any subset)."""
     tgt = workload.target
     lanes = tgt.lanes("float32")
-    for stage in (tag.CB_Y_PACK, tag.CB_X_PACK, tag.CB_W_ADJ, tag.CB_W_FWD):
+    for stage in (tag.CB_Y_PACK, tag.CB_X_PACK, tag.CB_Y_REP, tag.CB_X_REP, tag.CB_W_ADJ,
+                  tag.CB_W_FWD):
         _elementwise(sch, workload, stage, "channel-last pack")
+    cxg, cyg = _group_channels(_params(workload))
     for stage, what in ACCS.items():
         block = workload.find(sch, stage)
         if block is None:
             continue
         n_sp = spatial_count(sch, block)
         vec, row = n_sp - 1, n_sp - 2  # [N, *spatial, C] or [*k, Cy, Cx/g]
-        if stage == tag.CB_DW_ACC and extent(sch, sch.get_loops(block)[n_sp - 1]) * 2 < lanes:
-            vec, row = n_sp - 2, n_sp - 3  # depthwise-like: Y channels in lanes, taps as rows
+        reads = {r.source.name for r in sch.get(block).reads}
+        rep = reads & {"cb_y_rep", "cb_x_rep"}
+        ext = [extent(sch, lp) for lp in sch.get_loops(block)]
+        if stage == tag.CB_DW_ACC and (rep or ext[n_sp - 1] * 2 < lanes):
+            # Y channels in lanes; unrolled rows on the last tap axis or Cx/g, the longer
+            vec = n_sp - 2
+            row = n_sp - 1 if rep and ext[n_sp - 1] > ext[n_sp - 3] else n_sp - 3
+        # without an expanded pack, a grouped vector of channels stays inside one group
+        group = 0 if rep or (cxg, cyg) == (1, 1) else {
+            tag.CB_DX_ACC: cxg, tag.CB_FWD_ACC: cyg}.get(stage, cyg if vec == n_sp - 2 else 0)
         name = sch.get(block).name_hint
         # dx's stride-phase indices must not pass through a fused loop (module docstring)
         fuse_ok = stage != tag.CB_DX_ACC or max(_params(workload).get("stride", [1])) == 1
-        tile = plan_tile(sch, block, vec, row, tgt, fuse_ok)
+        tile = plan_tile(sch, block, vec, row, tgt, fuse_ok, group)
         packed = pack_dw_operands(sch, block, tile) \
             if stage == tag.CB_DW_ACC and vec == n_sp - 1 else []
         tile_acc(sch, block, vec, row, tgt, fuse_ok, tile)
         workload.note(name, RULE, f"{what}: vector axis {vec}, unrolled rows on axis {row}, "
                       + tile.describe() + (f"; {' and '.join(packed)} as panels"
-                                           if packed else ""))
+                                           if packed else "")
+                      + (f"; reads the expanded {' and '.join(sorted(rep))} (lanes in one "
+                         "contiguous run across groups)" if rep else ""))
     block = workload.find(sch, tag.CB_DB_ACC)
     if block is not None:
         workload.note(sch.get(block).name_hint, RULE, "db: parallel rows")
@@ -200,6 +214,15 @@ def _params(workload) -> dict:
     import json
 
     return json.loads(workload.attrs.get("dsl_params", "{}"))
+
+
+def _group_channels(params: dict) -> tuple[int, int]:
+    """``(Cx/g, Cy/g)`` of the underlying plain convolution; ``(0, 0)`` when ungrouped."""
+    groups = params.get("groups", 1)
+    if groups == 1 or "weight" not in params:
+        return 0, 0
+    y = params["input" if params["transposed"] else "grad_output"]
+    return params["weight"][1], y[1] // groups
 
 
 def _elementwise(sch, workload, stage: str, why: str) -> None:

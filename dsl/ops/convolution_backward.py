@@ -126,6 +126,9 @@ CUBE_MATH_TYPES = {KEEP_DTYPE: "KEEP_DTYPE", ALLOW_FP32_DOWN_PRECISION:
 FORMATS = {1: "NCL", 2: "NCHW", 3: "NCDHW"}
 AXIS_NAMES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
 INT32_MAX = 2**31 - 1
+# Per-group channel counts below this read an expanded pack (module docstring, "Expanded
+# packs"): the fp32 lanes of AVX2, the narrowest vector the x86 rules tile for.
+REP_BELOW = 8
 
 
 FLOATS = (*SUPPORTED_FLOATS, "float64")  # float64: accumulated in float64 (gradcheck)
@@ -203,6 +206,29 @@ class Plan:
     @property
     def cyg(self) -> int:
         return self.cy // self.groups
+
+    @property
+    def lanes_cross_groups(self) -> bool:
+        """Grouped, and not the exact depthwise map ``c -> c`` (one channel per group on both
+        sides): a vector of channels then reads the other side's channels through a per-lane
+        group map unless the group fills it (see "Expanded packs" in the module docstring)."""
+        return self.groups > 1 and not (self.cxg == 1 and self.cyg == 1)
+
+    @property
+    def rep_dx(self) -> bool:
+        """The plain grad_input reads ``y_rep`` (lanes over Cin, groups of ``Cin_g``)."""
+        return self.need_adjoint and self.lanes_cross_groups and self.cxg < REP_BELOW
+
+    @property
+    def rep_fwd(self) -> bool:
+        """The transposed grad_input reads ``x_rep`` (lanes over Cy, groups of ``Cy_g``)."""
+        return self.need_forward and self.lanes_cross_groups and self.cyg < REP_BELOW
+
+    @property
+    def rep_dw(self) -> bool:
+        """grad_weight reads ``x_rep`` with lanes over Cy: neither side fills a vector."""
+        return (self.output_mask[1] and self.lanes_cross_groups and self.cxg < REP_BELOW
+                and self.cyg < REP_BELOW)
 
     @property
     def need_adjoint(self) -> bool:
@@ -377,6 +403,10 @@ def _check_sizes(p: Plan) -> None:
              "weight": math.prod(p.weight_shape),
              "padded X": n * p.cx * math.prod(a.x_padded_size for a in p.axes),
              "padded Y": n * p.cy * math.prod(a.dy_padded_size for a in p.axes)}
+    if p.rep_dx:
+        sizes["expanded Y"] = sizes["padded Y"] * p.cxg
+    if p.rep_fwd or p.rep_dw:
+        sizes["expanded X"] = sizes["padded X"] * p.cyg
     for what, total in sizes.items():
         if total > MAX_ELEMS:
             raise fail(E_SHAPE, what, total,
@@ -474,15 +504,18 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     """The stages of every requested gradient, in one graph (see the module docstring)."""
     xt, yt = (grad_output, input) if p.transposed else (input, grad_output)
     attrs = _attrs(p, grad_output, input, weight)
-    yp = _y_pack(p, yt) if p.need_adjoint or p.output_mask[1] else None
-    xp = _x_pack(p, xt) if p.need_forward or p.output_mask[1] else None
+    yp = _y_pack(p, yt) if (p.need_adjoint and not p.rep_dx) or p.output_mask[1] else None
+    yr = _y_rep(p, yt) if p.rep_dx else None
+    xp = _x_pack(p, xt) if ((p.need_forward and not p.rep_fwd)
+                            or (p.output_mask[1] and not p.rep_dw)) else None
+    xr = _x_rep(p, xt) if p.rep_fwd or p.rep_dw else None
     outs = [None, None, None]
     if p.need_adjoint:
-        outs[0] = _grad_input_adjoint(p, yp, weight, attrs)
+        outs[0] = _grad_input_adjoint(p, yr if p.rep_dx else yp, weight, attrs)
     if p.need_forward:
-        outs[0] = _grad_input_forward(p, xp, weight, attrs)
+        outs[0] = _grad_input_forward(p, xr if p.rep_fwd else xp, weight, attrs)
     if p.output_mask[1]:
-        outs[1] = _grad_weight(p, yp, xp, attrs)
+        outs[1] = _grad_weight(p, yp, xr if p.rep_dw else xp, attrs)
     if p.output_mask[2]:
         outs[2] = _grad_bias(p, grad_output, attrs)
     return tuple(outs)
@@ -502,34 +535,62 @@ def _group(p: Plan, c, per_group: int):
 
 # --- packs ---------------------------------------------------------------------------------
 
-def _y_offsets(p: Plan) -> tuple[int, ...]:
-    """Zero rows before Y in its pack: the dx taps' (only when the adjoint reads it)."""
-    return tuple(a.dy_pad_before if p.need_adjoint else 0 for a in p.axes)
+def _y_offsets(p: Plan, padded: bool | None = None) -> tuple[int, ...]:
+    """Zero rows before Y in its pack: the dx taps' (only when the adjoint reads the pack;
+    ``padded`` overrides that)."""
+    if padded is None:
+        padded = p.need_adjoint and not p.rep_dx
+    return tuple(a.dy_pad_before if padded else 0 for a in p.axes)
+
+
+def _y_rows(p: Plan, padded: bool | None = None) -> tuple[int, ...]:
+    if padded is None:
+        padded = p.need_adjoint and not p.rep_dx
+    return tuple(a.dy_padded_size if padded else a.n_out for a in p.axes)
 
 
 def _y_pack(p: Plan, yt):
     """``y_pack``: Y channels-last ``[N, *rows, Cy]``, zero rows for the dx taps."""
-    rows = tuple(a.dy_padded_size if p.need_adjoint else a.n_out for a in p.axes)
-    return _pad_pack(p, yt, _y_offsets(p), rows, tuple(a.n_out for a in p.axes), p.cy,
-                     "cb_y_pack", "y_pack")
+    return _pad_pack(p, yt, _y_offsets(p), _y_rows(p), tuple(a.n_out for a in p.axes),
+                     (p.cy,), lambda c: c, "cb_y_pack", "y_pack")
+
+
+def _y_rep(p: Plan, yt):
+    """``y_rep``: Y expanded for the plain grad_input, ``[N, *rows, Cy_g, Cx]`` with
+    ``y_rep[.., co, c] = y_pack[.., group(c) * Cy_g + co]`` (zero rows for the dx taps)."""
+    return _pad_pack(p, yt, _y_offsets(p, True), _y_rows(p, True),
+                     tuple(a.n_out for a in p.axes), (p.cyg, p.cx),
+                     lambda co, c: c // p.cxg * p.cyg + co, "cb_y_rep", "y_rep")
 
 
 def _x_pack(p: Plan, xt):
     """``x_pack``: X channels-last ``[N, *x_padded, Cx]``."""
     return _pad_pack(p, xt, tuple(a.pad_before for a in p.axes),
                      tuple(a.x_padded_size for a in p.axes), tuple(a.n_in for a in p.axes),
-                     p.cx, "cb_x_pack", "x_pack")
+                     (p.cx,), lambda c: c, "cb_x_pack", "x_pack")
 
 
-def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: int, name: str, stage: str):
-    """``t [N, C, *s]`` channels-last ``[N, *sizes, C]`` as rounded fp32 cube operands: row
-    ``r`` of axis ``a`` holds ``t``'s row ``r - offsets[a]``, zero outside ``[0, valid[a])``."""
+def _x_rep(p: Plan, xt):
+    """``x_rep``: X expanded for lanes over Cy, ``[N, *x_padded, Cx_g, Cy]`` with
+    ``x_rep[.., ci, c] = x_pack[.., group(c) * Cx_g + ci]``."""
+    return _pad_pack(p, xt, tuple(a.pad_before for a in p.axes),
+                     tuple(a.x_padded_size for a in p.axes), tuple(a.n_in for a in p.axes),
+                     (p.cxg, p.cy), lambda ci, c: c // p.cyg * p.cxg + ci, "cb_x_rep",
+                     "x_rep")
+
+
+def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: tuple[int, ...], source, name: str,
+              stage: str):
+    """``t [N, C, *s]`` channels-last ``[N, *sizes, *channels]`` as rounded fp32 cube
+    operands: row ``r`` of axis ``a`` holds ``t``'s row ``r - offsets[a]``, zero outside
+    ``[0, valid[a])``; channel indices ``cs`` read ``t``'s channel ``source(*cs)``."""
     from tvm import te
 
     dtype, cmt = str(t.dtype), p.cube_math_type
 
     def body(b, *rest):
-        *r, c = rest
+        r, cs = rest[:len(sizes)], rest[len(sizes):]
+        c = source(*cs)
         src = [ri - off for ri, off in zip(r, offsets)]
         conds = []
         for s_, off, size, n_valid in zip(src, offsets, sizes, valid):
@@ -542,7 +603,7 @@ def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: int, name: str, stage
             src = [te.max(te.min(s_, n_valid - 1), 0) for s_, n_valid in zip(src, valid)]
         return _guard(ok, _operand(t[(b, c, *src)], dtype, cmt, p.acc_dtype), p.acc_dtype)
 
-    return te.compute((p.input_shape[0], *sizes, channels), body, name=name,
+    return te.compute((p.input_shape[0], *sizes, *channels), body, name=name,
                       tag=tag.stage(TAG, stage))
 
 
@@ -579,8 +640,11 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs):
             ks.append(k)
             rows.append(row)
             conds.append(cond)
-        ch = rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco
-        prod = yp[(b, *rows, ch)] * wa[(*ks, rco, c)]
+        if p.rep_dx:  # y_rep [N, *rows, Cy_g, Cx]: the lanes (c) read adjacent memory
+            y = yp[(b, *rows, rco, c)]
+        else:
+            y = yp[(b, *rows, rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco)]
+        prod = y * wa[(*ks, rco, c)]
         return te.sum(_guard(_all(conds), prod, p.acc_dtype), axis=[*jr, rco])
 
     acc = te.compute((p.input_shape[0], *(a.n_in for a in axes), p.cx), dx_body,
@@ -603,8 +667,11 @@ def _grad_input_forward(p: Plan, xp, weight, attrs):
     def fwd_body(b, *rest):
         *o, c = rest
         pos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(o, kr, axes)]
-        ch = rci if p.groups == 1 else _group(p, c, p.cyg) * cxg + rci
-        return te.sum(xp[(b, *pos, ch)] * wf[(*kr, rci, c)], axis=[*kr, rci])
+        if p.rep_fwd:  # x_rep [N, *x_padded, Cx_g, Cy]
+            x = xp[(b, *pos, rci, c)]
+        else:
+            x = xp[(b, *pos, rci if p.groups == 1 else _group(p, c, p.cyg) * cxg + rci)]
+        return te.sum(x * wf[(*kr, rci, c)], axis=[*kr, rci])
 
     acc = te.compute((p.input_shape[0], *(a.n_out for a in axes), p.cy), fwd_body,
                      name="cb_fwd_acc", tag=tag.stage(TAG, "fwd_acc"))
@@ -634,8 +701,11 @@ def _grad_weight(p: Plan, yp, xp, attrs):
         *k, c, ci = idx
         ypos = [oo + off for oo, off in zip(orr, y_off)]
         xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
-        ch = ci if p.groups == 1 else _group(p, c, p.cyg) * cxg + ci
-        return te.sum(yp[(rn, *ypos, c)] * xp[(rn, *xpos, ch)], axis=[rn, *orr])
+        if p.rep_dw:  # x_rep [N, *x_padded, Cx_g, Cy]
+            x = xp[(rn, *xpos, ci, c)]
+        else:
+            x = xp[(rn, *xpos, ci if p.groups == 1 else _group(p, c, p.cyg) * cxg + ci)]
+        return te.sum(yp[(rn, *ypos, c)] * x, axis=[rn, *orr])
 
     acc = te.compute((*(a.kernel for a in axes), p.cy, cxg), dw_body, name="cb_dw_acc",
                      tag=tag.stage(TAG, "dw_acc"))
