@@ -31,6 +31,7 @@ from schedules.toolbox import (
     accumulator_registers,
     elementwise,
     extent,
+    extents,
     largest_divisor,
     parallel,
     register_factor,
@@ -135,6 +136,29 @@ def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
     return t
 
 
+def rep_pack(sch, block, group: int, target) -> None:
+    """An expanded pack ``[N, *rows, C', C]`` whose last axis holds each source channel
+    ``group`` times in a row: the last loop split into (groups, ``group``), the inner part
+    vectorised (one scalar load and a broadcast per ``group`` lanes, instead of a per-lane
+    gather), the group loop unrolled when short, the rest fused and parallel."""
+    loops = sch.get_loops(block)
+    n_groups = extent(sch, loops[-1]) // group
+    go, gi = sch.split(loops[-1], [n_groups, group])
+    if group > 1:
+        sch.vectorize(gi)
+    outer = list(loops[:-1])
+    if n_groups <= 16:
+        sch.unroll(go)
+    else:
+        outer.append(go)
+    # fuse only the leading loops the cores need: the inner ones keep plain indices (no
+    # div/mod of a fused loop per 16 floats written)
+    count = 1
+    while count < len(outer) and extents(sch, outer[:count]) < 4 * target.cores:
+        count += 1
+    parallel(sch, outer[:count], target.cores)
+
+
 def pack_dw_operands(sch, block, tile: Tile) -> list[str]:
     """Lay the dw operands out as GotoBLAS panels: ``y_pack`` as ``[Cy // rf, .., rf]`` and
     ``x_pack`` as ``[Cx // vf, .., vf]``, so one reduction step of a register tile reads
@@ -164,10 +188,15 @@ def schedule_convolution_backward(sch, workload) -> None:
     """The rule for every output tag of the operator (the kernel may hold any subset)."""
     tgt = workload.target
     lanes = tgt.lanes("float32")
-    for stage in (tag.CB_Y_PACK, tag.CB_X_PACK, tag.CB_Y_REP, tag.CB_X_REP, tag.CB_W_ADJ,
-                  tag.CB_W_FWD):
+    for stage in (tag.CB_Y_PACK, tag.CB_X_PACK, tag.CB_W_ADJ, tag.CB_W_FWD):
         _elementwise(sch, workload, stage, "channel-last pack")
     cxg, cyg = _group_channels(_params(workload))
+    for stage, group in ((tag.CB_Y_REP, cxg), (tag.CB_X_REP, cyg)):
+        block = workload.find(sch, stage)
+        if block is not None:
+            rep_pack(sch, block, group, tgt)
+            workload.note(sch.get(block).name_hint, RULE, f"expanded pack: one source scalar "
+                          f"broadcast into the {group} lanes of its group")
     for stage, what in ACCS.items():
         block = workload.find(sch, stage)
         if block is None:
