@@ -99,6 +99,26 @@ CASES = [
 ]
 
 
+# grouped layers with few channels per group (Cin/g, Cout/g in {1..4}): the expanded packs
+# y_rep / x_rep (dsl.ops.convolution_backward, "Expanded packs"), every geometry they meet
+GROUPED = [
+    G(2, 2, 8, 16, 8, 3, 1, 1, groups=4),                        # the example layer, small N
+    G(1, 3, 6, 4, 13, 3, 2, 1, groups=2),                        # 1-D cin_g 3 cout_g 2 s2
+    G(1, 2, 9, 12, 17, 3, 1, 2, 2, groups=3),                    # 1-D dil 2, cin_g 3 cout_g 4
+    G(2, 2, 12, 9, (7, 9), 3, 1, [(0, 2), (1, 0)], 2, groups=3),  # asym pad, dil 2
+    G(2, 3, 12, 12, (9, 7), 3, 2, 1, 2, groups=4),               # stride 2 and dil 2
+    G(2, 1, 16, 8, (5, 11), (3, 2), (2, 1), 1, groups=4),        # cin_g 4 cout_g 2, mixed s
+    G(2, 2, 4, 8, 7, 3, 1, 1, groups=4),                         # depthwise multiplier 2
+    G(2, 2, 8, 4, 7, 3, 1, 1, groups=4),                         # cin_g 2 cout_g 1
+    G(3, 2, 4, 8, (5, 6, 5), 3, 2, 1, groups=2),                 # 3-D stride 2
+    G(3, 1, 9, 6, (4, 5, 3), 2, 1, (1, 0, 1), 2, groups=3),      # 3-D dilated
+    G(1, 2, 8, 6, 9, 4, 2, 1, 2, groups=2, transposed=True, opad=1),  # 1-D T, dil 2
+    G(2, 2, 6, 12, (5, 6), 3, 2, 1, groups=3, transposed=True, opad=1),  # 2-D T
+    G(2, 1, 12, 8, (4, 5), 3, 2, [(1, 0), (0, 2)], groups=4, transposed=True, opad=(1, 0)),
+    G(3, 1, 6, 4, (3, 4, 3), 3, 2, 1, groups=2, transposed=True, opad=1),  # 3-D T
+]
+
+
 def check_all(c, out, ref, dtypes, mask=ALL):
     go, x, w = dtypes
     gi_dt = go if go == x else "float32"
@@ -127,6 +147,34 @@ def test_matches_reference_and_torch(c):
         list(c["opad"]), c["groups"], [True, True, True])
     for o, p in zip(out, peer):
         assert_close(o, p.numpy(), "float32", f"torch {gid(c)}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("c", GROUPED, ids=gid)
+def test_grouped_few_channels_per_group(c, dtype):
+    dy, x, w = data(c, (dtype,) * 3, seed=5)
+    out = call(c, dy, x, w)
+    check_all(c, out, reference(c, dy, x, w), (dtype,) * 3)
+    if not HAVE_TORCH or not all(a == b for a, b in c["pads"]) or dtype != "float32":
+        return
+    import torch
+
+    t = [torch.tensor(a, dtype=torch.float64) for a in (dy, x, w)]
+    peer = torch.ops.aten.convolution_backward(
+        *t, [c["cout"]], list(c["stride"]), padding_arg(c), list(c["dil"]), c["transposed"],
+        list(c["opad"]), c["groups"], [True, True, True])
+    for o, p in zip(out, peer):
+        assert_close(o, p.numpy(), "float32", f"torch {gid(c)}")
+
+
+@pytest.mark.parametrize("mask", [(True, False, False), (False, True, False)],
+                         ids=["dx", "dw"])
+@pytest.mark.parametrize("c", [GROUPED[0], GROUPED[11]], ids=gid)
+def test_grouped_few_channels_one_gradient(c, mask):
+    """One gradient alone: its expanded pack without the other gradient's plain pack."""
+    dy, x, w = data(c, seed=6)
+    check_all(c, call(c, dy, x, w, mask=mask), reference(c, dy, x, w), ("float32",) * 3,
+              mask)
 
 
 MASKS = [(True, False, False), (False, True, False), (False, False, True),

@@ -168,3 +168,53 @@ def test_schedule_on_other_targets(name):
     ref = ref_cb(dy, x, w, [2, 2], [(1, 1), (1, 1)], [1, 1], False, [0, 0], 2)
     for o, r in zip(out, ref):
         assert_close(o, r, "float32", name)
+
+
+def _tags(outputs):
+    from dsl.runtime.schedule import walk
+
+    _, computes = walk([t for t in outputs if t is not None])
+    return {c.tag.split(".", 1)[1] for c in computes}
+
+
+REP_CASES = [  # (kwargs of op, expanded packs expected)
+    ({}, {"y_rep", "x_rep"}),  # Cin/g 2, Cout/g 3: lanes would cross groups
+    ({"go": (2, 16, 6, 6), "x": (2, 8, 8, 8), "w": (16, 2, 3, 3), "bias": (16,),
+      "stride": (1, 1), "pad": (0, 0), "dil": (1, 1), "opad": (0, 0), "groups": 4},
+     {"y_rep", "x_rep"}),  # the train_cnn layer
+    ({"groups": 1, "w": (6, 4, 3)}, set()),  # dense
+    ({"go": (2, 4, 5), "w": (4, 1, 3), "bias": (4,), "groups": 4}, set()),  # depthwise c->c
+    ({"go": (2, 8, 5), "w": (8, 1, 3), "bias": (8,), "groups": 4},
+     {"y_rep", "x_rep"}),  # depthwise multiplier 2: Y channel 2c + co
+    ({"go": (2, 16, 5), "x": (2, 16, 7), "w": (16, 8, 3), "bias": (16,), "groups": 2},
+     set()),  # 8 channels per group: a group fills a vector on its own
+    ({"go": (2, 32, 5), "x": (2, 8, 7), "w": (32, 4, 3), "bias": (32,), "groups": 2},
+     {"y_rep"}),  # dw: Cout/g 16 fills the lanes (one x scalar per vector); dx expands
+    ({"transposed": T, "x": (2, 6, 4), "w": (6, 2, 3), "go": (2, 4, 10), "stride": (2,),
+      "opad": (1,), "bias": (4,)}, {"x_rep"}),  # transposed: dx and dw both read x_rep
+]
+
+
+@pytest.mark.parametrize("kw,reps", REP_CASES, ids=range(len(REP_CASES)))
+def test_expanded_packs_only_where_lanes_would_cross_groups(kw, reps):
+    """Grouped layers with few channels per group read y_rep / x_rep (and the schedule says
+    so); dense, exact depthwise and wide groups keep the plain packs alone."""
+    outs = op(**kw)
+    tags = _tags(outs)
+    assert tags & {"y_rep", "x_rep"} == reps, tags
+    kernel = dsl.auto_schedule([t for t in outs if t is not None])
+    kernel.s_tir()
+    notes = {b: why for b, _, why in kernel.decisions}
+    for rep in reps:
+        assert notes[f"cb_{rep}"].startswith("expanded pack"), notes
+    readers = {"y_rep": ["cb_dx_acc"], "x_rep": ["cb_dw_acc", "cb_fwd_acc"]}
+    for rep, blocks in readers.items():
+        reading = [b for b in blocks if f"cb_{rep}" in notes.get(b, "")]
+        assert bool(reading) == (rep in reps), (rep, notes)
+
+
+def test_expanded_pack_gradients_alone():
+    """dx alone never builds x_rep or y_pack; dw alone never builds y_rep."""
+    assert _tags(op(mask=(T, F, F))) & {"y_pack", "x_pack", "y_rep", "x_rep"} == {"y_rep"}
+    assert _tags(op(mask=(F, T, F))) & {"y_pack", "x_pack", "y_rep", "x_rep"} == \
+        {"y_pack", "x_rep"}
