@@ -15,6 +15,12 @@ outer-product loop nest:
   div/mod of the fused loop (a 3-D strided dx came out wrong), so no index of a tile loop is
   rewritten that way.
 
+Grouped layers: where the compute expanded a pack (``y_rep`` / ``x_rep``, few channels per
+group) the lanes read it contiguously (grad_weight then puts Y channels in lanes); elsewhere a
+grouped vector of channels is split by a divisor of the channels per group, so it never
+straddles two groups (one broadcast scalar per vector instead of a gather). An expanded pack
+writes each source scalar as one broadcast per group.
+
 Packs and the layout-restoring outputs are elementwise: channel (or spatial) innermost split by
 the vector width and vectorised, outer loops fused and parallel. Only target numbers (lanes,
 vector bits, cores) are read, never the target's name.

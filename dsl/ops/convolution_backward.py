@@ -81,11 +81,33 @@ Stages (schedules find them by tag ``convolution_backward.<stage>``)
 ``y_pack``  Y (grad_output, or input when transposed) channels-last ``[N, *rows, Cy]`` fp32,
             zero rows before/after for the dx taps, rounded.
 ``x_pack``  X (input, or grad_output when transposed) channels-last ``[N, *x_padded, Cx]``.
+``y_rep``   Y expanded for the plain grad_input ``[N, *rows, Cy_g, Cx]`` (see below).
+``x_rep``   X expanded for lanes over Cy ``[N, *x_padded, Cx_g, Cy]`` (see below).
 ``w_adj``   weight for the plain grad_input ``[*k_padded, Cout_g, Cin]`` (zero extra taps).
 ``w_fwd``   weight for the transposed grad_input ``[*k, Cin_g', Cy]``.
 ``dx_acc`` / ``fwd_acc``  fp32 ``[N, *spatial, C]`` (channels innermost: the vector axis).
 ``dw_acc``  fp32 ``[*k, Cy, Cx_g]``.  ``db_acc``  fp32 ``[C]``.
 ``grad_input`` / ``grad_weight`` / ``grad_bias``  the outputs (back to plain layout, cast).
+
+Expanded packs (grouped, few channels per group)
+------------------------------------------------
+Every reduction keeps channels innermost and the schedules vectorise over them. In a grouped
+convolution the lane ``c`` of the plain grad_input reads Y's channel
+``(c // Cx_g) * Cy_g + co``: a broadcast when a group fills the vector, a per-lane gather when
+``Cx_g`` is smaller (lanes straddle groups; ``x (256, 8, 8, 8)``, weight ``(16, 2, 3, 3)``,
+``groups=4`` ran at 3.5 GFLOP/s on a Zen 3 core). So when ``Cx_g < REP_BELOW`` it reads
+``y_rep[n, *rows, co, c] = y_pack[n, *rows, (c // Cx_g) * Cy_g + co]`` instead, ``Cx_g`` times
+the plain pack (built once, one scalar broadcast per group), whose lanes are adjacent memory.
+Likewise, with lanes over Cy, ``x_rep[n, *xp, ci, c] = x_pack[n, *xp, (c // Cy_g) * Cx_g + ci]``
+(``Cy_g`` times the plain pack) serves the transposed grad_input when ``Cy_g < REP_BELOW`` and
+grad_weight when both ``Cx_g`` and ``Cy_g`` are below it (when one is not, that side's group
+fills a vector: its lanes are contiguous and the other operand is a broadcast). The exact
+depthwise map (``Cx_g = Cy_g = 1``: channel ``c`` reads ``c``) is contiguous already. The gate
+reads only the graph, never the target (computes stay target-independent): ``REP_BELOW = 8``
+is the fp32 lane count of AVX2, the narrowest vector the x86 rules tile for; a wider target
+keeps groups of 8-15 channels on the plain packs, its lanes split inside one group (the
+schedule's rule), and the expansion stays under 8 times the plain pack. The kernel's size check
+counts the expanded packs.
 
 All requested gradients build into one kernel: separate loop nests (one parallel region each)
 that share the packed operands, so grad_input and grad_weight read grad_output's packed copy
