@@ -142,6 +142,27 @@ def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
     return t
 
 
+def batch_chunks(sch, block, target):
+    """Split dw's batch reduction into chunks whose operands fit half of L2 and rfactor it:
+    returns the partial-sum block ``[chunks, *k, Cy, Cx_g]`` (tiled like dw, the chunk as
+    its outermost spatial loop), the original block then sums the chunks. Every register
+    tile of a chunk re-reads that chunk from L2, not the whole batch from memory (a dw
+    with few channels has few outputs and many tiles per reduction step)."""
+    loops = sch.get_loops(block)
+    n_sp = spatial_count(sch, block)
+    n = extent(sch, loops[n_sp])  # the batch: the first reduction axis of dw_acc
+    per_image = sum(math.prod(int(d) for d in r.source.shape[1:]) * 4
+                    for r in sch.get(block).reads if r.source.name != sch.get(block).name_hint)
+    per_chunk = largest_divisor(n, max(1, (target.l2_kib << 10) // 2 // max(1, per_image)))
+    if per_chunk == n:
+        return block
+    chunk, _ = sch.split(loops[n_sp], [n // per_chunk, per_chunk])
+    rf = sch.rfactor(chunk, 0)
+    rf_loops = sch.get_loops(rf)
+    sch.reorder(rf_loops[n_sp], *rf_loops[:n_sp])  # the chunk outermost
+    return rf
+
+
 def rep_pack(sch, block, group: int, target) -> None:
     """An expanded pack ``[N, *rows, C', C]`` whose last axis holds each source channel
     ``group`` times in a row: the last loop split into (groups, ``group``), the inner part
@@ -219,6 +240,13 @@ def schedule_convolution_backward(sch, workload) -> None:
         # without an expanded pack, a grouped vector of channels stays inside one group
         group = 0 if rep or (cxg, cyg) == (1, 1) else {
             tag.CB_DX_ACC: cxg, tag.CB_FWD_ACC: cyg}.get(stage, cyg if vec == n_sp - 2 else 0)
+        chunks = ""
+        if stage == tag.CB_DW_ACC and rep:
+            rf = batch_chunks(sch, block, tgt)
+            if rf != block:  # the chunk axis leads the partial sums' spatial axes
+                chunks = f"; the batch in {extent(sch, sch.get_loops(rf)[0])} L2-sized " \
+                    "chunks, partial sums added after (rfactor)"
+                block, vec, row, n_sp = rf, vec + 1, row + 1, n_sp + 1
         name = sch.get(block).name_hint
         # dx's stride-phase indices must not pass through a fused loop (module docstring)
         fuse_ok = stage != tag.CB_DX_ACC or max(_params(workload).get("stride", [1])) == 1
@@ -230,7 +258,7 @@ def schedule_convolution_backward(sch, workload) -> None:
                       + tile.describe() + (f"; {' and '.join(packed)} as panels"
                                            if packed else "")
                       + (f"; reads the expanded {' and '.join(sorted(rep))} (lanes in one "
-                         "contiguous run across groups)" if rep else ""))
+                         "contiguous run across groups)" if rep else "") + chunks)
     block = workload.find(sch, tag.CB_DB_ACC)
     if block is not None:
         workload.note(sch.get(block).name_hint, RULE, "db: parallel rows")

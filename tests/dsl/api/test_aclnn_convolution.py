@@ -177,6 +177,13 @@ def test_grouped_few_channels_one_gradient(c, mask):
               mask)
 
 
+def test_grouped_dw_in_batch_chunks():
+    """Images over half an L2 each: grad_weight sums the batch in chunks (rfactor)."""
+    c = G(2, 3, 8, 12, (61, 59), 3, 1, 1, groups=4)
+    dy, x, w = data(c, seed=8)
+    check_all(c, call(c, dy, x, w), reference(c, dy, x, w), ("float32",) * 3)
+
+
 MASKS = [(True, False, False), (False, True, False), (False, False, True),
          (True, True, False), (False, True, True), (True, False, True)]
 

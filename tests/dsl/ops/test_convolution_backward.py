@@ -218,3 +218,16 @@ def test_expanded_pack_gradients_alone():
     assert _tags(op(mask=(T, F, F))) & {"y_pack", "x_pack", "y_rep", "x_rep"} == {"y_rep"}
     assert _tags(op(mask=(F, T, F))) & {"y_pack", "x_pack", "y_rep", "x_rep"} == \
         {"y_pack", "x_rep"}
+
+
+def test_grouped_dw_sums_the_batch_in_chunks():
+    """Expanded dw with large images: partial sums per L2-sized batch chunk (rfactor)."""
+    outs = op(go=(3, 12, 61, 59), x=(3, 8, 61, 59), w=(12, 2, 3, 3), bias=(12,),
+              stride=(1, 1), pad=(1, 1), dil=(1, 1), opad=(0, 0), groups=4, mask=(F, T, F))
+    kernel = dsl.auto_schedule([t for t in outs if t is not None])
+    kernel.s_tir()
+    notes = {b: why for b, _, why in kernel.decisions}
+    assert "the batch in 3 L2-sized chunks" in notes["cb_dw_acc_rf"], notes
+    small = dsl.auto_schedule([t for t in op(mask=(F, T, F)) if t is not None])
+    small.s_tir()
+    assert not any("chunks" in why for _, _, why in small.decisions)  # one chunk: no rfactor
