@@ -151,7 +151,7 @@ def batch_chunks(sch, block, target):
     loops = sch.get_loops(block)
     n_sp = spatial_count(sch, block)
     n = extent(sch, loops[n_sp])  # the batch: the first reduction axis of dw_acc
-    per_image = sum(math.prod(int(d) for d in r.source.shape[1:]) * 4
+    per_image = sum(math.prod(int(d) for d in r.source.shape[1:]) * r.source.dtype.bits // 8
                     for r in sch.get(block).reads if r.source.name != sch.get(block).name_hint)
     per_chunk = largest_divisor(n, max(1, (target.l2_kib << 10) // 2 // max(1, per_image)))
     if per_chunk == n:
@@ -214,7 +214,6 @@ ACCS = {tag.CB_DX_ACC: "dx", tag.CB_FWD_ACC: "dx of the transposed conv", tag.CB
 def schedule_convolution_backward(sch, workload) -> None:
     """The rule for every output tag of the operator (the kernel may hold any subset)."""
     tgt = workload.target
-    lanes = tgt.lanes("float32")
     for stage in (tag.CB_Y_PACK, tag.CB_X_PACK, tag.CB_W_ADJ, tag.CB_W_FWD):
         _elementwise(sch, workload, stage, "channel-last pack")
     cxg, cyg = _group_channels(_params(workload))
@@ -226,45 +225,51 @@ def schedule_convolution_backward(sch, workload) -> None:
                           f"broadcast into the {group} lanes of its group")
     for stage, what in ACCS.items():
         block = workload.find(sch, stage)
-        if block is None:
-            continue
-        n_sp = spatial_count(sch, block)
-        vec, row = n_sp - 1, n_sp - 2  # [N, *spatial, C] or [*k, Cy, Cx/g]
-        reads = {r.source.name for r in sch.get(block).reads}
-        rep = reads & {"cb_y_rep", "cb_x_rep"}
-        ext = [extent(sch, lp) for lp in sch.get_loops(block)]
-        if stage == tag.CB_DW_ACC and (rep or ext[n_sp - 1] * 2 < lanes):
-            # Y channels in lanes; unrolled rows on the last tap axis or Cx/g, the longer
-            vec = n_sp - 2
-            row = n_sp - 1 if rep and ext[n_sp - 1] > ext[n_sp - 3] else n_sp - 3
-        # without an expanded pack, a grouped vector of channels stays inside one group
-        group = 0 if rep or (cxg, cyg) == (1, 1) else {
-            tag.CB_DX_ACC: cxg, tag.CB_FWD_ACC: cyg}.get(stage, cyg if vec == n_sp - 2 else 0)
-        chunks = ""
-        if stage == tag.CB_DW_ACC and rep:
-            rf = batch_chunks(sch, block, tgt)
-            if rf != block:  # the chunk axis leads the partial sums' spatial axes
-                chunks = f"; the batch in {extent(sch, sch.get_loops(rf)[0])} L2-sized " \
-                    "chunks, partial sums added after (rfactor)"
-                block, vec, row, n_sp = rf, vec + 1, row + 1, n_sp + 1
-        name = sch.get(block).name_hint
-        # dx's stride-phase indices must not pass through a fused loop (module docstring)
-        fuse_ok = stage != tag.CB_DX_ACC or max(_params(workload).get("stride", [1])) == 1
-        tile = plan_tile(sch, block, vec, row, tgt, fuse_ok, group)
-        packed = pack_dw_operands(sch, block, tile) \
-            if stage == tag.CB_DW_ACC and vec == n_sp - 1 else []
-        tile_acc(sch, block, vec, row, tgt, fuse_ok, tile)
-        workload.note(name, RULE, f"{what}: vector axis {vec}, unrolled rows on axis {row}, "
-                      + tile.describe() + (f"; {' and '.join(packed)} as panels"
-                                           if packed else "")
-                      + (f"; reads the expanded {' and '.join(sorted(rep))} (lanes in one "
-                         "contiguous run across groups)" if rep else "") + chunks)
+        if block is not None:
+            _schedule_acc(sch, workload, block, stage, what, (cxg, cyg))
     block = workload.find(sch, tag.CB_DB_ACC)
     if block is not None:
         workload.note(sch.get(block).name_hint, RULE, "db: parallel rows")
         reduction_rows(sch, block, tgt)
     for stage in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
         _elementwise(sch, workload, stage, "layout-restoring output")
+
+
+def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -> None:
+    """Register-tile one reduction (dx, the transposed dx or dw; module docstring)."""
+    tgt = workload.target
+    cxg, cyg = group_channels
+    n_sp = spatial_count(sch, block)
+    vec, row = n_sp - 1, n_sp - 2  # [N, *spatial, C] or [*k, Cy, Cx/g]
+    rep = {r.source.name for r in sch.get(block).reads} & {"cb_y_rep", "cb_x_rep"}
+    ext = [extent(sch, lp) for lp in sch.get_loops(block)]
+    if stage == tag.CB_DW_ACC and (rep or ext[n_sp - 1] * 2 < tgt.lanes("float32")):
+        # Y channels in lanes; unrolled rows on the last tap axis or Cx/g, the longer
+        vec = n_sp - 2
+        row = n_sp - 1 if rep and ext[n_sp - 1] > ext[n_sp - 3] else n_sp - 3
+    # without an expanded pack, a grouped vector of channels stays inside one group
+    group = 0 if rep or (cxg, cyg) == (1, 1) else {
+        tag.CB_DX_ACC: cxg, tag.CB_FWD_ACC: cyg}.get(stage, cyg if vec == n_sp - 2 else 0)
+    chunks = ""
+    if stage == tag.CB_DW_ACC and rep:
+        rf = batch_chunks(sch, block, tgt)
+        if rf != block:  # the chunk axis leads the partial sums' spatial axes
+            count = extent(sch, sch.get_loops(rf)[0])
+            chunks = f"; the batch in {count} L2-sized chunks, partial sums added after (rfactor)"
+            workload.note(sch.get(block).name_hint, RULE, f"dw: the sum of {count} chunks' "
+                          "partial sums (serial: a few values per weight)")
+            block, vec, row, n_sp = rf, vec + 1, row + 1, n_sp + 1
+    name = sch.get(block).name_hint
+    # dx's stride-phase indices must not pass through a fused loop (module docstring)
+    fuse_ok = stage != tag.CB_DX_ACC or max(_params(workload).get("stride", [1])) == 1
+    tile = plan_tile(sch, block, vec, row, tgt, fuse_ok, group)
+    packed = pack_dw_operands(sch, block, tile) \
+        if stage == tag.CB_DW_ACC and vec == n_sp - 1 else []
+    tile_acc(sch, block, vec, row, tgt, fuse_ok, tile)
+    workload.note(name, RULE, f"{what}: vector axis {vec}, unrolled rows on axis {row}, "
+                  + tile.describe() + (f"; {' and '.join(packed)} as panels" if packed else "")
+                  + (f"; reads the expanded {' and '.join(sorted(rep))} (lanes in one "
+                     "contiguous run across groups)" if rep else "") + chunks)
 
 
 def _panels(width: int):

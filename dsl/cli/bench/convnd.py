@@ -1,4 +1,5 @@
-"""The convnd suite: ``convolution_backward`` on 1-D, 3-D and transposed layers vs PyTorch.
+"""The convnd suite: ``convolution_backward`` on 1-D, 3-D, transposed and grouped layers vs
+PyTorch.
 
 Each layer registers a ``dx`` row (grad_input only) and a ``dw`` row (grad_weight only). Ours
 is the kernel ``dsl.convolution_backward`` builds for that output mask with its default x86
@@ -69,6 +70,8 @@ LAYERS = [
     Layer("conv1d_c256_l1024_k3", 8, 256, 256, (1024,), 3, 1, 1),
     Layer("conv3d_c64_16x28x28_k3", 1, 64, 64, (16, 28, 28), 3, 1, 1),
     Layer("conv_transpose2d_up2_c128_c64_28", 2, 128, 64, (28, 28), 4, 2, 1, transposed=True),
+    # examples/train_cnn.py's grouped layer: 2 input and 4 output channels per group
+    Layer("grouped_conv2d_g4_c8_c16_8", 256, 8, 16, (8, 8), 3, 1, 1, groups=4),
 ]
 
 
