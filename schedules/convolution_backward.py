@@ -251,7 +251,7 @@ def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -
     group = 0 if rep or (cxg, cyg) == (1, 1) else {
         tag.CB_DX_ACC: cxg, tag.CB_FWD_ACC: cyg}.get(stage, cyg if vec == n_sp - 2 else 0)
     chunks = ""
-    if stage == tag.CB_DW_ACC and rep:
+    if stage == tag.CB_DW_ACC and vec == n_sp - 2:
         rf = batch_chunks(sch, block, tgt)
         if rf != block:  # the chunk axis leads the partial sums' spatial axes
             count = extent(sch, sch.get_loops(rf)[0])

@@ -177,9 +177,11 @@ def test_grouped_few_channels_one_gradient(c, mask):
               mask)
 
 
-def test_grouped_dw_in_batch_chunks():
-    """Images over half an L2 each: grad_weight sums the batch in chunks (rfactor)."""
-    c = G(2, 3, 8, 12, (61, 59), 3, 1, 1, groups=4)
+@pytest.mark.parametrize("c", [G(2, 3, 8, 12, (61, 59), 3, 1, 1, groups=4),
+                               G(2, 3, 24, 24, (61, 59), 3, 2, 1, groups=24)], ids=gid)
+def test_grouped_dw_in_batch_chunks(c):
+    """Images over half an L2 each: grad_weight with Y channels in lanes (expanded, and exact
+    depthwise) sums the batch in chunks (rfactor)."""
     dy, x, w = data(c, seed=8)
     check_all(c, call(c, dy, x, w), reference(c, dy, x, w), ("float32",) * 3)
 

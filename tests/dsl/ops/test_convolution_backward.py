@@ -221,10 +221,18 @@ def test_expanded_pack_gradients_alone():
 
 
 def test_grouped_dw_sums_the_batch_in_chunks():
-    """Expanded dw with large images: partial sums per L2-sized batch chunk (rfactor)."""
+    """dw with Y channels in lanes (expanded, or exact depthwise) and large images: partial
+    sums per L2-sized batch chunk (rfactor)."""
     outs = op(go=(3, 12, 61, 59), x=(3, 8, 61, 59), w=(12, 2, 3, 3), bias=(12,),
               stride=(1, 1), pad=(1, 1), dil=(1, 1), opad=(0, 0), groups=4, mask=(F, T, F))
     kernel = dsl.auto_schedule([t for t in outs if t is not None])
+    kernel.s_tir()
+    notes = {b: why for b, _, why in kernel.decisions}
+    assert "the batch in 3 L2-sized chunks" in notes["cb_dw_acc_rf"], notes
+    depthwise = op(go=(3, 24, 31, 30), x=(3, 24, 61, 59), w=(24, 1, 3, 3), bias=(24,),
+                   stride=(2, 2), pad=(1, 1), dil=(1, 1), opad=(0, 0), groups=24,
+                   mask=(F, T, F))
+    kernel = dsl.auto_schedule([t for t in depthwise if t is not None])
     kernel.s_tir()
     notes = {b: why for b, _, why in kernel.decisions}
     assert "the batch in 3 L2-sized chunks" in notes["cb_dw_acc_rf"], notes
