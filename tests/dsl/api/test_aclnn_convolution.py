@@ -116,6 +116,9 @@ GROUPED = [
     G(2, 2, 6, 12, (5, 6), 3, 2, 1, groups=3, transposed=True, opad=1),  # 2-D T
     G(2, 1, 12, 8, (4, 5), 3, 2, [(1, 0), (0, 2)], groups=4, transposed=True, opad=(1, 0)),
     G(3, 1, 6, 4, (3, 4, 3), 3, 2, 1, groups=2, transposed=True, opad=1),  # 3-D T
+    # around the gates: plain packs, lanes split inside a group (Cin/g 12 -> 6 or 12 lanes)
+    G(2, 2, 24, 16, (6, 7), 3, 1, 1, groups=2),                  # cin_g 12, cout_g 8
+    G(1, 2, 6, 16, 11, 3, 1, 1, groups=2),                       # dw: Cy lanes, one x per 8
 ]
 
 

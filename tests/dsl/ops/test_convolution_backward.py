@@ -239,3 +239,26 @@ def test_grouped_dw_sums_the_batch_in_chunks():
     small = dsl.auto_schedule([t for t in op(mask=(F, T, F)) if t is not None])
     small.s_tir()
     assert not any("chunks" in why for _, _, why in small.decisions)  # one chunk: no rfactor
+
+
+@pytest.mark.parametrize("name", ["host", "x86-64", "x86-avx512"])
+def test_plain_grouped_lanes_stay_inside_one_group(name):
+    """Without an expanded pack, a grouped reduction's vector width divides the channels per
+    group of its vector axis (dx: Cin/g = 12; dw: Y channels in lanes, Cout/g = 8, or on
+    narrow vectors Cin/g = 3 in lanes), on every vector width."""
+    import re
+
+    cases = [({"go": (2, 16, 5, 5), "x": (2, 24, 7, 7), "w": (16, 12, 3, 3)}, "cb_dx_acc",
+              {3: 12}),
+             ({"go": (2, 16, 5, 5), "x": (2, 6, 7, 7), "w": (16, 3, 3, 3)}, "cb_dw_acc",
+              {2: 8, 3: 3})]
+    for kw, block, groups in cases:
+        outs = op(**kw, bias=(16,), stride=(1, 1), pad=(0, 0), dil=(1, 1), opad=(0, 0),
+                  groups=2, mask=(T, T, F))
+        kernel = dsl.auto_schedule([t for t in outs if t is not None], target=name)
+        kernel.s_tir()
+        notes = {b: why for b, _, why in kernel.decisions}
+        assert "expanded" not in notes[block], notes[block]
+        axis = int(re.search(r"vector axis (\d+)", notes[block]).group(1))
+        vf = int(re.search(r"\d+ x (\d+) register tile", notes[block]).group(1))
+        assert groups[axis] % vf == 0, (name, block, notes[block])
