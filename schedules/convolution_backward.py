@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from dsl.ops import tag
 from schedules import register
+from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
     accumulator_registers,
     elementwise,
@@ -49,12 +50,24 @@ from schedules.toolbox import (
 RULE = "x86 channel-last register tile"
 
 
-def reduction_rows(sch, block, target) -> None:
-    """A reduction with scalar rows (grad_bias): parallel over its spatial loops."""
+def reduction_rows(sch, block, target) -> str:
+    """grad_bias: channels across cores; each channel's run of output positions, contiguous
+    in an NC* layout (the trailing reduction loops, fused), summed in a few vector
+    accumulators by ``rfactor``, then one horizontal sum per channel. Returns the note."""
+    name = sch.get(block).name_hint
     loops = sch.get_loops(block)
     n_sp = spatial_count(sch, block)
-    if n_sp:
-        parallel(sch, loops[:n_sp], target.cores)
+    spatial = loops[n_sp + 1:]  # after the channel(s) and the batch
+    if len(spatial) > 1:
+        sch.fuse(*spatial)
+    rf = rfactor_inner(sch, name, target)
+    if n_sp == 0:
+        return rfactor_detail(rf is not None)
+    row = parallel(sch, sch.get_loops(sch.get_sblock(name))[:n_sp], target.cores)
+    if rf is not None:
+        sch.compute_at(rf, row, preserve_unit_loops=True)
+        finish_rfactor(sch, rf)
+    return f"db: channels across cores, {rfactor_detail(rf is not None)}"
 
 
 K_CHUNK = 256  # reduction steps per chunk: one V panel (K_CHUNK x vf) stays in L1
@@ -229,8 +242,8 @@ def schedule_convolution_backward(sch, workload) -> None:
             _schedule_acc(sch, workload, block, stage, what, (cxg, cyg))
     block = workload.find(sch, tag.CB_DB_ACC)
     if block is not None:
-        workload.note(sch.get(block).name_hint, RULE, "db: parallel rows")
-        reduction_rows(sch, block, tgt)
+        name = sch.get(block).name_hint
+        workload.note(name, RULE, reduction_rows(sch, block, tgt))
     for stage in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
         _elementwise(sch, workload, stage, "layout-restoring output")
 

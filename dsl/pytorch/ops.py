@@ -31,8 +31,10 @@ straight into the tensors returned.
 
 Kernels: one per signature (shapes, dtypes, parameters, target), built on first use, kept in
 memory here and on disk by :mod:`dsl.runtime.kernel_cache` (a new process reuses the ``.so``);
-the first build is logged on the ``"dsl"`` logger. Calls are thread-safe and run on
-``torch.get_num_threads()`` TVM threads.
+the first build is logged on the ``"dsl"`` logger. Calls are thread-safe. Their parallel loops
+run on PyTorch's own OpenMP threads, ``torch.get_num_threads()`` of them
+(:mod:`dsl.runtime.openmp`: one thread pool, not two fighting for the cores), or on as many TVM
+threads where that shim is unavailable.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import torch
 from torch import Tensor
 
 import targets
-from dsl.runtime import kernel_cache
+from dsl.runtime import kernel_cache, openmp
 
 # Between our kernels PyTorch runs its own parallel ops: TVM's idle workers must not spin on
 # the cores PyTorch's threads need (read when TVM's pool starts; a user's setting wins).
@@ -69,6 +71,10 @@ def _set_threads() -> None:
     if getattr(_TLS, "threads", None) != n:
         from dsl.api.deconvgradfilter import _configure
 
+        if getattr(_TLS, "threads", None) is None:
+            # TVM makes a thread's pool as large as the first size set: make it every core,
+            # so a later torch.set_num_threads can grow it
+            _configure(targets.machine_cores())
         _configure(n)
         _TLS.threads = n
 
@@ -77,6 +83,8 @@ def _cached(key: tuple, make):
     hit = _KERNELS.get(key)
     if hit is None:
         hit = make()  # kernel_cache serialises builds; two threads may both check, one builds
+        # parallel loops on PyTorch's OpenMP team, not a second pool (dsl.runtime.openmp)
+        openmp.adopt(hit[1] if isinstance(hit, tuple) else hit)
         with _KERNELS_LOCK:
             hit = _KERNELS.setdefault(key, hit)
             while len(_KERNELS) > max(1, kernel_cache.MAX_KERNELS):

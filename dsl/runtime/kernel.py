@@ -40,6 +40,8 @@ class Kernel:
 
     def __init__(self, meta: dict, module, func):
         self.meta, self.module, self.func = meta, module, func
+        # {symbol: address} of the library's parallel-launch pointers (dsl.runtime.openmp)
+        self.parallel_slots: dict[str, int] = {}
         self.name = meta["name"]
         self.inputs = [t for t in meta["tensors"] if t["role"] == "input"]
         self.outputs = [t for t in meta["tensors"] if t["role"] == "output"]
@@ -479,14 +481,16 @@ def _load_files(name: str, so: Path, js: Path) -> Kernel:
                    "does not match the sha256 in its .json (modified or half-written); rebuild")
     _compatible(meta)
     try:  # a .so and .json that agree can still both be foreign: not a TVM library at all
-        module = _load_private_copy(name, so, data)
+        module, slots = _load_private_copy(name, so, data)
         func = module.get_function(meta.get("function", name), query_imports=True)
     except Exception as exc:  # noqa: BLE001 - any loader failure means an unusable library
         raise fail(E_FILE, "kernel .so", str(so),
                    f"cannot be loaded ({str(exc).splitlines()[0][:200]}); rebuild it") from None
     if func is None:
         raise fail(E_FILE, "kernel .so", str(so), f"exports no function '{name}'; rebuild it")
-    return Kernel(meta, module, func)
+    kernel = Kernel(meta, module, func)
+    kernel.parallel_slots = slots
+    return kernel
 
 
 _FALLBACK_DIR: list[str] = []
@@ -518,6 +522,7 @@ def _load_private_copy(name: str, so: Path, data: bytes):
     import tvm_ffi
 
     from dsl.runtime.atomic import tmp_prefix
+    from dsl.runtime.openmp import library_slots
 
     last: Exception = OSError("no place to write a private copy")
     for where in (so.parent, None):
@@ -533,7 +538,10 @@ def _load_private_copy(name: str, so: Path, data: bytes):
             # keep_module_alive=False: tvm.runtime.load_module pins every library for the life
             # of the process; a Kernel owns its module, and its function keeps the module alive
             # while anyone still holds the function.
-            return tvm_ffi.load_module(path, keep_module_alive=False)
+            module = tvm_ffi.load_module(path, keep_module_alive=False)
+            # while the copy still has a name: where its parallel-launch pointer lives, for
+            # dsl.runtime.openmp.adopt
+            return module, library_slots(path)
         except Exception as exc:  # noqa: BLE001 - a full disk, a noexec mount: the next place
             last = exc
         finally:

@@ -107,7 +107,7 @@ def schedule_inner_reduction(sch, name: str, facts: dict, target) -> None:
     loops = sch.get_loops(sch.get_sblock(name))
     n_sp = len(f.spatial)
     if n_sp == 0:
-        return _rf_detail(rf is not None)
+        return rfactor_detail(rf is not None)
     row = sch.fuse(*loops[:n_sp]) if n_sp > 1 else loops[0]
     total = rows * product(f.extents[v] for v in f.reduce)
     if target.cores > 1 and rows >= 2 and total >= 1 << 15:
@@ -115,10 +115,10 @@ def schedule_inner_reduction(sch, name: str, facts: dict, target) -> None:
     if rf is not None:
         sch.compute_at(rf, row, preserve_unit_loops=True)
         finish_rfactor(sch, rf)
-    return _rf_detail(rf is not None)
+    return rfactor_detail(rf is not None)
 
 
-def _rf_detail(vectorised: bool) -> str:
+def rfactor_detail(vectorised: bool) -> str:
     return ("the innermost reduction loop rfactor-vectorised" if vectorised else
             "the innermost reduction loop serial (too short, or not a multiple of a vector)")
 

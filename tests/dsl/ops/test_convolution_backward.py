@@ -262,3 +262,34 @@ def test_plain_grouped_lanes_stay_inside_one_group(name):
         axis = int(re.search(r"vector axis (\d+)", notes[block]).group(1))
         vf = int(re.search(r"\d+ x (\d+) register tile", notes[block]).group(1))
         assert groups[axis] % vf == 0, (name, block, notes[block])
+
+
+DB_CASES = [  # (grad_output shape, input dtype, vectorised on every x86 width)
+    ((3, 5, 8, 8), "float32", True),  # 64 positions per channel: whole vectors
+    ((2, 3, 2, 4, 4), "float16", True),  # 3-D: the three position loops fuse into 32
+    ((2, 7, 13), "float32", False),  # a prime run: summed serially
+    ((4, 2, 3, 5), "bfloat16", False),  # 15 positions
+]
+
+
+@pytest.mark.parametrize("go,dtype,vectorised", DB_CASES, ids=range(len(DB_CASES)))
+def test_grad_bias_sums_each_channel_in_vector_lanes(go, dtype, vectorised):
+    """grad_bias alone: a channel's positions (contiguous in NC*) summed in vector
+    accumulators when they fill whole vectors, serially otherwise; the float64 sum either way."""
+    nd = len(go) - 2
+    x, w = (go[0], go[1], *go[2:]), (go[1], 1, *[1] * nd)
+    outs = dsl.convolution_backward(ph(go, "grad_output", dtype), ph(x, "input", dtype),
+                                    ph(w, "weight", dtype), [go[1]], [1] * nd, [0] * nd,
+                                    [1] * nd, False, [0] * nd, go[1], [F, F, T])
+    kernel = dsl.auto_schedule([outs[2]])
+    kernel.s_tir()
+    notes = {b: why for b, _, why in kernel.decisions}
+    assert ("rfactor-vectorised" in notes["cb_db_acc"]) == vectorised, notes
+    from dsl.api.aclnn import convolution_backward_kernel
+
+    _, k = convolution_backward_kernel(go, dtype, x, dtype, w, dtype, [go[1]], [1] * nd,
+                                       [0] * nd, [1] * nd, False, [0] * nd, go[1], [F, F, T])
+    dy = rand(np.random.default_rng(3), go, dtype)
+    db = k(dy)  # one output: returned alone
+    ref = dy.astype(np.float64).sum(axis=(0, *range(2, len(go))))
+    assert_close(db, ref, dtype, str(go))

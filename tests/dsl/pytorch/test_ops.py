@@ -5,6 +5,7 @@ Shapes are tiny: every distinct signature compiles one kernel.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -202,6 +203,32 @@ def test_threads_follow_torch():
             args = _conv_args("conv1d")
             _grads(ops.convolution, args, 3)
             assert tvm.runtime.num_threads() == n
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_backward_runs_on_torch_openmp_team():
+    """dsl.pytorch adopts its kernels: their parallel loops run on PyTorch's OpenMP threads
+    (dsl.runtime.openmp), as many as torch.get_num_threads(), and match native PyTorch."""
+    from dsl.runtime import openmp
+
+    ok, why = openmp.status()
+    if not ok:
+        pytest.skip(f"no OpenMP shim here: {why}")
+    old = torch.get_num_threads()
+    try:
+        for n in sorted({1, min(2, os.cpu_count() or 1)}):
+            torch.set_num_threads(n)
+            x = torch.randn(3, 6, 11, 10, requires_grad=True)
+            w = torch.randn(9, 2, 3, 3, requires_grad=True)
+            before = openmp.launches()
+            got = _grads(ops.convolution, (x, w, None, [1, 2], [1, 0], [1, 1], False, [0, 0], 3),
+                         2)
+            want = _grads(_native_conv, (x, w, None, [1, 2], [1, 0], [1, 1], False, [0, 0], 3),
+                          2)
+            assert openmp.launches() > before and openmp.last_team() == n
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     finally:
         torch.set_num_threads(old)
 
