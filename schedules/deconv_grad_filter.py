@@ -17,6 +17,12 @@ Two shapes of loop nest:
 * few output tiles and a long K: the ``(b, ih)`` loop is split into ``P`` partial sums
   (``rfactor``) computed in parallel into ``local`` accumulator tiles, then added.
 
+When the tile broadcasts ``dy`` (vector along ``ic``), the zero-padded ``dy`` is laid out as
+GotoBLAS panels: the tile's ``oc`` rows innermost and one plane per stride phase
+(``[oc // rows, y % sh, x % sw, b, y // sh, x // sw, oc % rows]``), so consecutive reduction
+steps broadcast from consecutive bytes instead of touching a new cache line each (a k4 s2
+layer: 42 -> 74 GFLOP/s on one Zen 3 core). The pad is a copy the kernel made anyway.
+
 The choice between them, ``P`` and every tile size depend only on the shapes and the vector
 width, never on ``target.cores``: for a given shape each output element is summed in the same
 order whatever the number of cores, so results are bit-identical; only the ``parallel``
@@ -116,10 +122,12 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
     pad = workload.find(sch, tag.DECONV_DY_PAD)
     acc = workload.find(sch, tag.DECONV_ACC)
     out = workload.find(sch, tag.DECONV_GRAD_FILTER)
+    pad_why = "elementwise pad"
+    if cfg["mode"] == "ic" and cfg["rows"][0] == "oc":  # the tile broadcasts dy channels
+        pad_why = _pack_dy(sch, pad, p, cfg["inner"]["oc"])
     for block, why in ((acc, f"{cfg['mode']}-vector register tile, {cfg['parts']} K part(s)"),
-                       (out, "elementwise cast"), (pad, "elementwise pad")):
+                       (out, "elementwise cast"), (pad, pad_why)):
         workload.note(sch.get(block).name_hint, RULE, why)
-
     g, oc, kh, kw, ic, b, ih, iw = sch.get_loops(acc)
     split = {}
     for name, loop in zip(AXES, (g, oc, kw, ic)):
@@ -197,3 +205,18 @@ def _split_k(sch, acc, cfg, outer, f, iw, tile, cores) -> None:
     part, *spatial = sch.get_loops(acc)
     sch.reorder(*spatial, part)
     _parallel(sch, spatial[:2], cores)
+
+
+def _pack_dy(sch, pad, p, rows: int) -> str:
+    """dy_pad as GotoBLAS panels, so a register tile's broadcasts walk contiguous memory:
+    ``rows`` channels innermost, and one plane per stride phase along an axis whose padded
+    extent the stride divides (TVM cannot invert the split of a ragged one)."""
+    _, hp, wp, _ = (int(d) for d in sch.get(pad).writes[0].source.shape)
+    sh = p["stride_h"] if hp % p["stride_h"] == 0 else 1
+    sw = p["stride_w"] if wp % p["stride_w"] == 0 else 1
+
+    def index(b, y, x, c):  # rows divides the channels per group: a panel is in one group
+        return (c // rows, y % sh, x % sw, b, y // sh, x // sw, c % rows)
+
+    sch.transform_layout(pad, ("write", 0), index)
+    return f"pad into panels of {rows} channels, {sh} x {sw} stride-phase planes"

@@ -15,7 +15,8 @@ pointer the TVM runtime fills when the library loads. :func:`adopt` points it at
 ``GOMP_parallel`` of the OpenMP runtime already loaded in the process: task ``i`` of ``n`` is
 OpenMP thread ``i`` of a team of ``n``, the team size is the calling thread's OpenMP setting
 (``torch.set_num_threads``), and a team of one calls the body directly.
-``__TVMBackendParallelBarrier`` goes to ``GOMP_barrier`` the same way. The shim is compiled
+``__TVMBackendParallelBarrier`` goes to ``GOMP_barrier`` the same way. A task that fails
+fails the launch, as on TVM's pool (its message stays with the OpenMP thread that raised it). The shim is compiled
 once per machine and compiler (``$DSL_CACHE_DIR/runtime/``, published by atomic rename) and
 reaches the runtime through the addresses passed at start-up, never by linking its own copy.
 

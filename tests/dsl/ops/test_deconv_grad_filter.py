@@ -203,3 +203,24 @@ def test_tensor_errors():
     with pytest.raises(dsl.DslError) as e:
         deconv_grad_filter(x, te.placeholder((2, 4, 4, 8), "int32", name="xi"), kernel=3)
     assert e.value.code == "E60006"
+
+
+@pytest.mark.parametrize("c,why", [
+    (CASES[1], "pad into panels of 6 channels, 2 x 2 stride-phase planes"),
+    # stride 3 does not divide the padded height: no phase planes along it
+    (CASES[2], "pad into panels of 2 channels, 1 x 2 stride-phase planes"),
+    (CASES[3], "elementwise pad"),  # vector along g: dy is read as vectors, not broadcast
+], ids=["k4s2", "g2s3", "depthwise"])
+def test_dy_is_packed_into_panels_where_the_tile_broadcasts_it(c, why):
+    """The register tile broadcasts dy channels: dy_pad is laid out as panels of the tile's
+    rows, one plane per stride phase when the stride divides the padded extent."""
+    from tvm import te
+
+    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
+    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], dilation=c["d"],
+                            group=c["g"])
+    kernel = dsl.auto_schedule([dw])
+    kernel.s_tir()
+    notes = {b: w for b, _, w in kernel.decisions}
+    assert notes["dy_pad"] == why, notes
