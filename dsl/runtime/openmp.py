@@ -16,9 +16,10 @@ pointer the TVM runtime fills when the library loads. :func:`adopt` points it at
 OpenMP thread ``i`` of a team of ``n``, the team size is the calling thread's OpenMP setting
 (``torch.set_num_threads``), and a team of one calls the body directly.
 ``__TVMBackendParallelBarrier`` goes to ``GOMP_barrier`` the same way. A task that fails
-fails the launch, as on TVM's pool (its message stays with the OpenMP thread that raised it). The shim is compiled
-once per machine and compiler (``$DSL_CACHE_DIR/runtime/``, published by atomic rename) and
-reaches the runtime through the addresses passed at start-up, never by linking its own copy.
+fails the launch, as on TVM's pool (its message stays with the OpenMP thread that raised it).
+The shim is compiled once per machine and compiler (``$DSL_CACHE_DIR/runtime/``, published by
+atomic rename) and reaches the runtime through the addresses passed at start-up, never by
+linking its own copy.
 
 When there is no OpenMP runtime in the process (a PyTorch built on another backend), no C
 compiler, another OS than Linux, or ``DSL_OPENMP=0``, kernels keep TVM's pool; the reason is
