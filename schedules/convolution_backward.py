@@ -21,6 +21,15 @@ grouped vector of channels is split by a divisor of the channels per group, so i
 straddles two groups (one broadcast scalar per vector instead of a gather). An expanded pack
 writes each source scalar as one broadcast per group.
 
+Exact depthwise, stride 1 (the ``nc_*`` stages): dx takes a register tile of whole vectors
+along the innermost spatial axis (and rows of the next axis, until the tile has enough
+independent accumulators), every tap across the tile, and writes grad_input (cast) straight
+from it; dw keeps the innermost output positions in vector lanes (``rfactor``) and the partial
+sums of every tap in registers across the whole reduction of a channel. Each task (an
+``(n, c)`` plane for dx, a channel for dw) pads its own part of the operand first, so the
+padded copy is made in cache instead of as a separate pass over memory (dx of a 8x64x56x56
+3x3 layer: 2.5 -> 1.5-1.8 ms on the 2-core Zen 3).
+
 Packs and the layout-restoring outputs are elementwise: channel (or spatial) innermost split by
 the vector width and vectorised, outer loops fused and parallel. Only target numbers (lanes,
 vector bits, cores) are read, never the target's name.
@@ -32,6 +41,7 @@ import math
 from dataclasses import dataclass
 
 from dsl.ops import tag
+from dsl.ops.convolution_backward import NC_ROW
 from schedules import register
 from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
@@ -227,6 +237,7 @@ ACCS = {tag.CB_DX_ACC: "dx", tag.CB_FWD_ACC: "dx of the transposed conv", tag.CB
 def schedule_convolution_backward(sch, workload) -> None:
     """The rule for every output tag of the operator (the kernel may hold any subset)."""
     tgt = workload.target
+    done = _schedule_nc_depthwise(sch, workload)
     for stage in (tag.CB_Y_PACK, tag.CB_X_PACK, tag.CB_W_ADJ, tag.CB_W_FWD):
         _elementwise(sch, workload, stage, "channel-last pack")
     cxg, cyg = _group_channels(_params(workload))
@@ -245,7 +256,8 @@ def schedule_convolution_backward(sch, workload) -> None:
         name = sch.get(block).name_hint
         workload.note(name, RULE, reduction_rows(sch, block, tgt))
     for stage in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
-        _elementwise(sch, workload, stage, "layout-restoring output")
+        if stage not in done:
+            _elementwise(sch, workload, stage, "layout-restoring output")
 
 
 def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -> None:
@@ -318,3 +330,103 @@ def _elementwise(sch, workload, stage: str, why: str) -> None:
 
 for _tag in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
     register(_tag, "x86")(schedule_convolution_backward)
+
+
+# --- exact depthwise, stride 1, in NC* (dsl.ops.convolution_backward._build_nc_depthwise) ----
+
+def _schedule_nc_depthwise(sch, workload) -> set:
+    """The NC* stages (exact depthwise, stride 1); each pad is computed inside its consumer's
+    parallel task (one plane or one channel), so the padded copy stays in cache. Returns the
+    output tags already written."""
+    done = set()
+    block = workload.find(sch, tag.CB_NC_DX_ACC)
+    if block is not None:
+        workload.note(sch.get(block).name_hint, RULE, _nc_dx(sch, workload, block))
+        done.add(tag.CB_GRAD_INPUT)  # written from the register tile
+    block = workload.find(sch, tag.CB_NC_DW_ACC)
+    if block is not None:
+        workload.note(sch.get(block).name_hint, RULE, _nc_dw(sch, workload, block))
+    return done
+
+
+def _nc_dx(sch, workload, block) -> str:
+    """``[n, c, *i]`` over taps ``j``: the last axis split into whole vectors, the taps
+    inside, accumulators in a ``local`` tile written back (cast) as grad_input."""
+    tgt = workload.target
+    loops = sch.get_loops(block)
+    n_sp = spatial_count(sch, block)
+    spatial, taps = loops[:n_sp], loops[n_sp:]
+    vf = register_factor(extent(sch, spatial[-1]), tgt.lanes("float32"))
+    wo, wi = sch.split(spatial[-1], [None, vf])
+    # independent accumulators: a tap's FMA chain is as long as the taps, so several vectors
+    # of the row take each tap in turn
+    chains = accumulator_registers(tgt) * 2 // 3
+    nv = largest_divisor(extent(sch, wo), chains)
+    wo, wv = sch.split(wo, [None, nv])
+    rows = [*spatial[:-1], wo]
+    nr = 1
+    if n_sp > 3:  # rows of the next axis out join the tile until it has enough chains
+        nr = largest_divisor(extent(sch, spatial[-2]), max(1, chains // nv))
+        ro, ri = sch.split(spatial[-2], [None, nr])
+        rows = [*spatial[:-2], ro, wo]
+    inner = [ri, wv, wi] if nr > 1 else [wv, wi]
+    sch.reorder(*rows, *taps, *inner)
+    out = workload.find(sch, tag.CB_GRAD_INPUT)
+    wb = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(wb, rows[-1], preserve_unit_loops=True)
+    if out is not None:
+        sch.reverse_compute_inline(out)
+    sch.vectorize(wi)
+    for loop in inner[:-1]:
+        sch.unroll(loop)
+    sch.vectorize(sch.get_loops(wb)[-1])
+    plane = parallel(sch, rows[:2], tgt.cores)  # one (n, c) plane per task
+    _pad_at(sch, workload, tag.CB_NC_Y_PAD, plane)
+    init = sch.decompose_reduction(block, taps[0])
+    sch.vectorize(sch.get_loops(init)[-1])
+    return (f"NC* depthwise dx: {nr} x {nv} x {vf} outputs per register tile, each tap "
+            "across the tile, cast from registers")
+
+
+def _nc_dw(sch, workload, block) -> str:
+    """``[c, *k]`` over ``(n, *o)``: channels across cores; the innermost output positions in
+    vector lanes (``rfactor``, when whole vectors divide them), every tap's partial sums in a
+    ``local`` tile across the whole reduction, then one horizontal sum per weight."""
+    tgt = workload.target
+    loops = sch.get_loops(block)
+    n_sp = spatial_count(sch, block)
+    c, taps, red = loops[0], loops[1:n_sp], loops[n_sp:]
+    lanes = tgt.lanes("float32")
+    n_o = extent(sch, red[-1])
+    width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and n_o % w == 0), 0)
+    if not width:  # the compute's gate (nc_depthwise) keeps such shapes away
+        sch.reorder(c, *red, *taps)
+        _pad_at(sch, workload, tag.CB_NC_X_PAD, parallel(sch, [c], tgt.cores))
+        return f"NC* depthwise dw: channels across cores, {rfactor_detail(False)}"
+    oo, oi = sch.split(red[-1], [None, width])
+    sch.reorder(c, *red[:-1], oo, *taps, oi)
+    rf = sch.rfactor(oi, n_sp)  # partial sums [c, *k, lane]
+    wb = sch.cache_write(rf, 0, "local")
+    rf_loops = sch.get_loops(rf)
+    sch.reverse_compute_at(wb, rf_loops[0], preserve_unit_loops=True)
+    sch.vectorize(rf_loops[-1])
+    for tap in rf_loops[-n_sp:-1]:  # every tap's accumulator in a register
+        sch.unroll(tap)
+    parallel(sch, [rf_loops[0]], tgt.cores)
+    _pad_at(sch, workload, tag.CB_NC_X_PAD, rf_loops[0])  # one channel per task
+    init = sch.decompose_reduction(rf, rf_loops[1])
+    sch.vectorize(sch.get_loops(init)[-1])
+    return (f"NC* depthwise dw: channels across cores, {width} output positions in lanes "
+            "(rfactor), every tap's partial sums in registers")
+
+
+def _pad_at(sch, workload, stage: str, loop) -> None:
+    """Compute an NC* pad inside its consumer's task ``loop`` (the padded rows of that plane
+    or channel only, kept in cache), its rows in whole vectors (``NC_ROW`` pitch)."""
+    block = workload.find(sch, stage)
+    if block is None:
+        return
+    sch.compute_at(block, loop, preserve_unit_loops=True)
+    sch.vectorize(sch.split(sch.get_loops(block)[-1], [None, NC_ROW])[-1])
+    workload.note(sch.get(block).name_hint, RULE,
+                  "NC* pad, computed in each task of its consumer, rows in whole vectors")

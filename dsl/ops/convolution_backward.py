@@ -89,6 +89,17 @@ Stages (schedules find them by tag ``convolution_backward.<stage>``)
 ``dw_acc``  fp32 ``[*k, Cy, Cx_g]``.  ``db_acc``  fp32 ``[C]``.
 ``grad_input`` / ``grad_weight`` / ``grad_bias``  the outputs (back to plain layout, cast).
 
+Exact depthwise, stride 1 (``Plan.nc_depthwise``)
+-------------------------------------------------
+When every channel is its own group on both sides (``groups == Cin == Cout``), the layer is not
+transposed, every stride is 1 and the output rows are whole 4-float vectors, each channel is an
+independent convolution: vectors along the innermost spatial axis need no channel-last layout,
+so the kernel skips the packs and the layout-restoring transposes (two copies of each tensor):
+``nc_y_pad`` (dy zero-padded for dx's taps, NC*, rows padded to ``NC_ROW`` floats),
+``nc_x_pad`` (x padded likewise), ``nc_dx_acc [N, C, *in]`` (``sum_j y_pad[n, c, i + off -
+j*d] * w[c, 0, j]``) and ``nc_dw_acc [C, *k]`` (``sum_{n,o} dy[n, c, o] * x_pad[n, c, o +
+k*d]``). Strided or multiplier > 1 depthwise layers keep the channel-last stages.
+
 Expanded packs (grouped, few channels per group)
 ------------------------------------------------
 Every reduction keeps channels innermost and the schedules vectorise over them. In a grouped
@@ -149,6 +160,10 @@ CUBE_MATH_TYPES = {KEEP_DTYPE: "KEEP_DTYPE", ALLOW_FP32_DOWN_PRECISION:
 FORMATS = {1: "NCL", 2: "NCHW", 3: "NCDHW"}
 AXIS_NAMES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}
 INT32_MAX = 2**31 - 1
+# The NC* depthwise pads' row pitch in floats: a whole vector on every x86 width.
+NC_ROW = 16
+# ... whose output rows are whole SSE vectors: grad_weight sums a row in vector lanes
+NC_LANES = 4
 # Per-group channel counts below this read an expanded pack (module docstring, "Expanded
 # packs"): the fp32 lanes of AVX2, the narrowest vector the x86 rules tile for.
 REP_BELOW = 8
@@ -256,6 +271,15 @@ class Plan:
         """grad_weight reads ``x_rep`` with lanes over Cy: neither side fills a vector."""
         return (self.output_mask[1] and self.lanes_cross_groups and self.cxg < REP_DW_BELOW
                 and self.cyg < REP_BELOW)
+
+    @property
+    def nc_depthwise(self) -> bool:
+        """Exact depthwise (each channel its own group, both sides), not transposed, stride 1,
+        output rows of whole 4-float vectors: computed in the NC* layout (``nc_*`` stages), no
+        channel-last packs or transposes."""
+        return (self.groups > 1 and self.cx == self.groups and self.cy == self.groups
+                and not self.transposed and all(s == 1 for s in self.stride)
+                and self.axes[-1].n_out % NC_LANES == 0)
 
     @property
     def need_adjoint(self) -> bool:
@@ -531,6 +555,8 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     """The stages of every requested gradient, in one graph (see the module docstring)."""
     xt, yt = (grad_output, input) if p.transposed else (input, grad_output)
     attrs = _attrs(p, grad_output, input, weight)
+    if p.nc_depthwise:
+        return _build_nc_depthwise(p, grad_output, input, weight, attrs)
     yp = _y_pack(p, yt) if (p.need_adjoint and not p.rep_dx) or p.output_mask[1] else None
     yr = _y_rep(p, yt) if p.rep_dx else None
     xp = _x_pack(p, xt) if ((p.need_forward and not p.rep_fwd)
@@ -607,16 +633,21 @@ def _x_rep(p: Plan, xt):
 
 
 def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: tuple[int, ...], source, name: str,
-              stage: str):
-    """``t [N, C, *s]`` channels-last ``[N, *sizes, *channels]`` as rounded fp32 cube
-    operands: row ``r`` of axis ``a`` holds ``t``'s row ``r - offsets[a]``, zero outside
-    ``[0, valid[a])``; channel indices ``cs`` read ``t``'s channel ``source(*cs)``."""
+              stage: str, channels_first: bool = False):
+    """``t [N, C, *s]`` channels-last ``[N, *sizes, *channels]`` (``channels_first``:
+    ``[N, *channels, *sizes]``) as rounded fp32 cube operands: row ``r`` of axis ``a`` holds
+    ``t``'s row ``r - offsets[a]``, zero outside ``[0, valid[a])``; channel indices ``cs`` read
+    ``t``'s channel ``source(*cs)``."""
     from tvm import te
 
     dtype, cmt = str(t.dtype), p.cube_math_type
+    n_ch = len(channels)
 
     def body(b, *rest):
-        r, cs = rest[:len(sizes)], rest[len(sizes):]
+        if channels_first:
+            cs, r = rest[:n_ch], rest[n_ch:]
+        else:
+            r, cs = rest[:len(sizes)], rest[len(sizes):]
         c = source(*cs)
         src = [ri - off for ri, off in zip(r, offsets)]
         conds = []
@@ -630,8 +661,79 @@ def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: tuple[int, ...], sour
             src = [te.max(te.min(s_, n_valid - 1), 0) for s_, n_valid in zip(src, valid)]
         return _guard(ok, _operand(t[(b, c, *src)], dtype, cmt, p.acc_dtype), p.acc_dtype)
 
-    return te.compute((p.input_shape[0], *sizes, *channels), body, name=name,
-                      tag=tag.stage(TAG, stage))
+    shape = (*channels, *sizes) if channels_first else (*sizes, *channels)
+    return te.compute((p.input_shape[0], *shape), body, name=name, tag=tag.stage(TAG, stage))
+
+
+# --- exact depthwise, stride 1: NC* throughout ---------------------------------------------
+
+def _build_nc_depthwise(p: Plan, grad_output, input, weight, attrs):  # noqa: A002
+    """Each channel is its own convolution: vectors along the innermost spatial axis need no
+    channel-last copy, so dx and dw read NC* operands (dy padded for dx's taps, x padded for
+    dw's) and write NC* results, with no layout transposes on either side."""
+    axes = p.axes
+    outs = [None, None, None]
+    if p.output_mask[0]:
+        yp = _pad_pack(p, grad_output, _y_offsets(p, True), _pitch(_y_rows(p, True)),
+                       tuple(a.n_out for a in axes), (p.cy,), lambda c: c, "cb_nc_y_pad",
+                       "nc_y_pad", channels_first=True)
+        outs[0] = _grad_input_nc(p, yp, weight, attrs)
+    if p.output_mask[1]:
+        xp = _pad_pack(p, input, tuple(a.pad_before for a in axes),
+                       _pitch(tuple(a.x_padded_size for a in axes)),
+                       tuple(a.n_in for a in axes), (p.cx,), lambda c: c, "cb_nc_x_pad",
+                       "nc_x_pad", channels_first=True)
+        outs[1] = _grad_weight_nc(p, grad_output, xp, attrs)
+    if p.output_mask[2]:
+        outs[2] = _grad_bias(p, grad_output, attrs)
+    return tuple(outs)
+
+
+def _pitch(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    """The innermost padded size rounded up to whole 16-float rows (zero columns past the
+    data), so copying a padded row takes whole vectors on every x86 width."""
+    return (*sizes[:-1], -(-sizes[-1] // NC_ROW) * NC_ROW)
+
+
+def _grad_input_nc(p: Plan, yp, weight, attrs):
+    """``nc_dx_acc [N, C, *in]``: ``sum_j y_pad[n, c, row(i, j)] * w[c, 0, k(j)]`` (stride 1:
+    tap ``j`` is kernel tap ``k = j``, its row affine in ``i``), then cast."""
+    from tvm import te
+
+    axes, w_dtype, cmt = p.axes, str(weight.dtype), p.cube_math_type
+    jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
+
+    def body(b, c, *i):
+        taps = [a.dx_taps(ii, j) for ii, j, a in zip(i, jr, axes)]
+        w = _operand(weight[(c, 0, *(k for k, _, _ in taps))], w_dtype, cmt, p.acc_dtype)
+        return te.sum(yp[(b, c, *(row for _, row, _ in taps))] * w, axis=jr)
+
+    acc = te.compute((p.input_shape[0], p.cx, *(a.n_in for a in axes)), body,
+                     name="cb_nc_dx_acc", tag=tag.stage(TAG, "nc_dx_acc"))
+    gi_dtype = p.out_dtypes[0]
+    return te.compute(p.input_shape, lambda *idx: acc[idx].astype(gi_dtype),
+                      name="grad_input", tag=tag.stage(TAG, "grad_input"), attrs=attrs)
+
+
+def _grad_weight_nc(p: Plan, grad_output, xp, attrs):
+    """``nc_dw_acc [C, *k]``: ``sum_{n, o} dy[n, c, o] * x_pad[n, c, o + k*d]``, then cast
+    to ``grad_weight [C, 1, *k]``."""
+    from tvm import te
+
+    axes, go_dtype, cmt = p.axes, str(grad_output.dtype), p.cube_math_type
+    rn = te.reduce_axis((0, p.input_shape[0]), name="n")
+    orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
+
+    def body(c, *k):
+        dy = _operand(grad_output[(rn, c, *orr)], go_dtype, cmt, p.acc_dtype)
+        xpos = [oo + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
+        return te.sum(dy * xp[(rn, c, *xpos)], axis=[rn, *orr])
+
+    acc = te.compute((p.cy, *(a.kernel for a in axes)), body, name="cb_nc_dw_acc",
+                     tag=tag.stage(TAG, "nc_dw_acc"))
+    gw_dtype = p.out_dtypes[1]
+    return te.compute(p.weight_shape, lambda c, ci, *k: acc[(c, *k)].astype(gw_dtype),
+                      name="grad_weight", tag=tag.stage(TAG, "grad_weight"), attrs=attrs)
 
 
 # --- grad_input ----------------------------------------------------------------------------

@@ -293,3 +293,106 @@ def test_grad_bias_sums_each_channel_in_vector_lanes(go, dtype, vectorised):
     db = k(dy)  # one output: returned alone
     ref = dy.astype(np.float64).sum(axis=(0, *range(2, len(go))))
     assert_close(db, ref, dtype, str(go))
+
+
+NC_CASES = [  # (x shape, kernel, padding (before, after) per axis, dilation): exact depthwise
+    ((2, 5, 9, 8), (3, 3), ((1, 1), (1, 1)), (1, 1)),  # odd channel count, 8-wide rows
+    ((3, 7, 6, 11), (3, 2), ((2, 0), (0, 2)), (2, 1)),  # asymmetric padding, dilation, 12-wide
+    ((2, 3, 20), (5,), ((2, 2),), (1,)),  # 1-D, rows of 20 (five 4-float vectors)
+    ((1, 3, 4, 5, 8), (3, 3, 3), ((1, 1), (1, 1), (1, 1)), (1, 1, 1)),  # 3-D, 5 rows of 8
+    ((2, 16, 7, 36), (3, 3), ((1, 1), (1, 1)), (1, 1)),  # AVX2: 36 = 4 x 8 + 4 lanes of rows
+]
+
+
+def _nc_case(xs, k, pads, dil):
+    out_sp = [n + pb + pa - (kk - 1) * d for n, kk, (pb, pa), d in zip(xs[2:], k, pads, dil)]
+    return (xs[0], xs[1], *out_sp), (xs[1], 1, *k)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("c", NC_CASES, ids=range(len(NC_CASES)))
+def test_exact_depthwise_stride_1_runs_in_nc_layout(c, dtype):
+    """Exact depthwise, stride 1, output rows of whole 4-float vectors: NC* stages only (no
+    channel-last pack or transpose), every gradient equal to the float64 reference."""
+    from dsl.api.aclnn import convolution_backward_kernel
+
+    xs, k, pads, dil = c
+    nd = len(k)
+    gs, ws = _nc_case(xs, k, pads, dil)
+    padding = ([a for a, _ in pads] if all(a == b for a, b in pads)
+               else [v for pair in pads for v in pair])  # the API's 2-D [top, bottom, l, r]
+    args = (gs, dtype, xs, dtype, ws, dtype, [xs[1]], [1] * nd, padding, list(dil), False,
+            [0] * nd, xs[1])
+    p, kernel = convolution_backward_kernel(*args, [T, T, T])
+    assert p.nc_depthwise
+    rng = np.random.default_rng(11)
+    arrays = {"grad_output": rand(rng, gs, dtype), "input": rand(rng, xs, dtype),
+              "weight": rand(rng, ws, dtype)}
+    outs = kernel(*[arrays[t["name"]] for t in kernel.inputs])
+    ref = ref_cb(arrays["grad_output"], arrays["input"], arrays["weight"], [1] * nd,
+                 list(pads), list(dil), False, [0] * nd, xs[1])
+    for o, r, what in zip(outs, ref, ("dx", "dw", "db")):
+        assert_close(o, r, dtype, f"{c} {what}")
+    for mask in ((T, F, F), (F, T, F)):  # each gradient alone
+        _, alone = convolution_backward_kernel(*args, list(mask))
+        o = alone(*[arrays[t["name"]] for t in alone.inputs])
+        assert_close(o, ref[mask.index(T)], dtype, f"{c} alone {mask}")
+
+
+def test_nc_depthwise_gate_and_schedule():
+    """Only exact depthwise, stride 1, whole 4-float output rows takes the NC* path; the
+    schedule says what it did; the other depthwise layers keep the channel-last packs."""
+    def stages(**kw):
+        outs = op(**kw)
+        kernel = dsl.auto_schedule([t for t in outs if t is not None])
+        kernel.s_tir()
+        return _tags(outs), {b: why for b, _, why in kernel.decisions}
+
+    base = {"go": (2, 4, 8), "x": (2, 4, 8), "w": (4, 1, 3), "bias": (4,), "pad": (1,),
+            "groups": 4}
+    tags, notes = stages(**base)
+    assert {"nc_y_pad", "nc_x_pad", "nc_dx_acc", "nc_dw_acc"} <= tags
+    assert not tags & {"y_pack", "x_pack", "dx_acc", "dw_acc"}, tags
+    assert notes["cb_nc_dx_acc"].startswith("NC* depthwise dx"), notes
+    assert "in lanes (rfactor)" in notes["cb_nc_dw_acc"], notes
+    for pad in ("cb_nc_y_pad", "cb_nc_x_pad"):  # made inside the consumer's tasks, in cache
+        assert notes[pad].startswith("NC* pad, computed in each task"), notes
+    for other in ({"go": (2, 4, 4), "stride": (2,)},  # stride 2
+                  {"go": (2, 4, 7), "pad": (0,), "x": (2, 4, 9)},  # rows of 7
+                  {"go": (2, 8, 8), "w": (8, 1, 3), "bias": (8,)},  # multiplier 2
+                  {"transposed": T, "w": (4, 1, 3), "x": (2, 4, 8), "go": (2, 4, 8)}):
+        tags, _ = stages(**{**base, **other})
+        assert not tags & {"nc_y_pad", "nc_x_pad", "nc_dx_acc", "nc_dw_acc"}, (other, tags)
+
+
+@pytest.mark.parametrize("name", ["x86-64", "x86-avx2", "x86-avx512"])
+def test_nc_depthwise_on_every_vector_width(name):
+    """The NC* rule reads lanes from the target: SSE, AVX2 and AVX-512 schedule rows of 12
+    (whole 4-float vectors only) and, where the machine runs the target, agree with the
+    reference."""
+    from dsl import kernel_cache
+
+    tgt = targets.get(name)
+    xs, k, pads, dil = (2, 6, 5, 12), (3, 3), ((1, 1), (1, 1)), (1, 1)
+    gs, ws = _nc_case(xs, k, pads, dil)
+    params = ([6], [1, 1], [1, 1], [1, 1], False, [0, 0], 6, [T, T, T])
+
+    def make():
+        g, i, ww = ph(gs, "grad_output"), ph(xs, "input"), ph(ws, "weight")
+        return [g, i, ww], list(dsl.convolution_backward(g, i, ww, *params))
+
+    g, i, ww = ph(gs, "grad_output"), ph(xs, "input"), ph(ws, "weight")
+    sch = dsl.auto_schedule(list(dsl.convolution_backward(g, i, ww, *params)), target=tgt)
+    sch.s_tir()
+    notes = {b: why for b, _, why in sch.decisions}
+    assert notes["cb_nc_dx_acc"].startswith("NC* depthwise dx"), notes
+    assert "4 output positions in lanes" in notes["cb_nc_dw_acc"], notes  # 12 = 3 x 4
+    if not targets.runnable(tgt):
+        return
+    kernel = kernel_cache.get_kernel({"t": "cb_nc_target", "name": name}, make,
+                                     prefix="t_cb_nc", target=tgt)
+    rng = np.random.default_rng(2)
+    dy, x, w = rand(rng, gs, "float32"), rand(rng, xs, "float32"), rand(rng, ws, "float32")
+    ref = ref_cb(dy, x, w, [1, 1], list(pads), list(dil), False, [0, 0], 6)
+    for o, r in zip(kernel(dy, x, w), ref):
+        assert_close(o, r, "float32", name)
