@@ -107,8 +107,14 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     wt = weight_stage(p, filters)
     accs = {(ph, pw): phase_acc(p, dyp, wt, ph, pw) for ph in range(len(p.phases_h))
             for pw in range(len(p.phases_w)) if p.phases_h[ph][2] and p.phases_w[pw][2]}
-    return interleave(p, accs, _attrs(p, filters, out_backprop),
-                      wsum_stage(p, wt) if p.offset_x else None)
+    fallback = p.acc_dtype != "int32" and accs  # integers are always finite
+    if fallback:
+        flag = nonfinite_stage(wt)
+        exact = [phase_acc(p, dyp, wt, *k, flag=flag) for k in accs]
+        accs = {k: phase_acc(p, dyp, wt, *k, twin=e) for k, e in zip(accs, exact)}
+    dx = interleave(p, accs, _attrs(p, filters, out_backprop),
+                    wsum_stage(p, wt) if p.offset_x else None)
+    return tag.with_side_stages(dx, [flag, *exact]) if fallback else dx
 
 
 # --- check and plan --------------------------------------------------------------------------
@@ -423,9 +429,15 @@ def weight_stage(p: Plan, filters):
                       tag=tag.stage(TAG, "weight"))
 
 
-def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
+def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
     """``acc`` of the dx positions ``(q_h*sh + ph, q_w*sw + pw)``: every tap index is affine
-    in ``q`` and the reduction step ``(jh, jw)``."""
+    in ``q`` and the reduction step ``(jh, jw)``.
+
+    It multiplies the taps that fall outside dy by dy's zero padding, which is exact unless a
+    weight is NaN or infinite. So float dx also has, per phase, an ``exact`` twin (made with
+    ``flag``, :func:`nonfinite_stage`) where those taps add nothing; it runs only when
+    ``flag`` is set, and the ``acc`` made with ``twin`` takes its values then (both
+    :mod:`dsl.runtime.run_if`)."""
     from tvm import te
 
     (nq_h, k0_h, nt_h, c_h), (nq_w, k0_w, nt_w, c_w) = p.phases_h[ph], p.phases_w[pw]
@@ -440,12 +452,35 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int):
                 k0_h + jh * st_h, k0_w + jw * st_w)
 
     suffix = "" if len(p.phases_h) * len(p.phases_w) == 1 else f"_{ph}_{pw}"
+    kind = _Acc("dx_acc", tag.stage(TAG, "acc"), lambda row_h, row_w, v: v, {})
+    if flag is not None:
+        def real(row_h, row_w, v):
+            import tvm
+
+            ok = tvm.tirx.all(row_h >= p.pad_h, row_h < p.pad_h + p.ah.n_out,
+                              row_w >= p.pad_w, row_w < p.pad_w + p.aw.n_out)
+            return tvm.tirx.if_then_else(ok, v, tvm.tirx.const(0, p.acc_dtype))
+
+        kind = _Acc("dx_exact", tag.stage(TAG, "exact"), real, {tag.RUN_IF: flag.op.name})
+    elif twin is not None:
+        kind = replace(kind, attrs={tag.EXACT_TWIN: twin.op.name})
     if p.positions:
-        return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
-    return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix)
+        return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix, kind)
+    return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix, kind)
 
 
-def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
+@dataclass(frozen=True)
+class _Acc:
+    """Name, tag, product filter ``(dy row, dy column, product) -> term`` and attrs of a
+    phase's reduction: the fast ``acc`` or its ``exact`` fallback."""
+
+    name: str
+    tag: str
+    term: object
+    attrs: dict
+
+
+def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
     """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``."""
     from tvm import te
 
@@ -465,13 +500,13 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
         else:
             dyv = dyp[b, cx1, row_h, row_w, rco, cx0]
             wv = wt[cx1, k_h, k_w, rco, cx0]
-        return te.sum(dyv * wv, axis=red)
+        return te.sum(kind.term(row_h, row_w, dyv * wv), axis=red)
 
-    return te.compute((p.n, p.c1x, *nq, C0), body, name=f"dx_acc{suffix}",
-                      tag=tag.stage(TAG, "acc"))
+    return te.compute((p.n, p.c1x, *nq, C0), body, name=f"{kind.name}{suffix}", tag=kind.tag,
+                      attrs=kind.attrs)
 
 
-def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
+def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
     """W positions in the lanes: ``dx_acc_w* [N, Cin, Hq, Wq']``, ``Wq`` rounded up to 16."""
     from tvm import te
 
@@ -479,10 +514,32 @@ def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str):
 
     def body_p(b, ci, qh, qw):
         row_h, row_w, k_h, k_w = tap(qh, qw)
-        return te.sum(dyp[b, rco, row_h, row_w] * wt[ci, k_h, k_w, rco], axis=[rco, *jhw])
+        prod = dyp[b, rco, row_h, row_w] * wt[ci, k_h, k_w, rco]
+        return te.sum(kind.term(row_h, row_w, prod), axis=[rco, *jhw])
 
     return te.compute((p.n, p.cin, nq[0], ceil_div(nq[1], C0) * C0), body_p,
-                      name=f"dx_acc_w{suffix}", tag=tag.stage(TAG, "acc"))
+                      name=f"{kind.name}_w{suffix}", tag=kind.tag, attrs=kind.attrs)
+
+
+def nonfinite_stage(wt):
+    """``w_nonfinite`` ``[1]`` int8: 1 when some weight (of the repacked ``wt``) is NaN or
+    infinite, else 0. Through ``[L]`` partial flags over ``wt``'s last axis, so the scan runs
+    in vector lanes."""
+    import tvm
+    from tvm import te
+
+    *outer, lanes = (int(d) for d in wt.shape)
+    red = [te.reduce_axis((0, e), name=f"f{i}") for i, e in enumerate(outer)]
+
+    def bad(v):  # int8: no int32 in an int64-indexed kernel's code
+        return te.if_then_else(tvm.tirx.isfinite(v), tvm.tirx.const(0, "int8"),
+                               tvm.tirx.const(1, "int8"))
+
+    part = te.compute((lanes,), lambda ln: te.max(bad(wt[(*red, ln)]), axis=red),
+                      name="dx_w_nonfinite_lanes", tag=tag.stage(TAG, "w_nonfinite"))
+    rl = te.reduce_axis((0, lanes), name="fl")
+    return te.compute((1,), lambda _: te.max(part[rl], axis=rl), name="dx_w_nonfinite",
+                      tag=tag.stage(TAG, "w_nonfinite"))
 
 
 def wsum_stage(p: Plan, wt):
@@ -512,6 +569,15 @@ def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
     zero = tvm.tirx.const(0, p.acc_dtype)
 
     def out_body(b, cx1, i, j, cx0):
+        val = pick(b, cx1, i, j, cx0)
+        if wsum is not None:
+            ws = wsum[te.min(cx1 * C0 + cx0, p.cin - 1)] if p.positions else wsum[cx1, cx0]
+            val = val + tvm.tirx.const(p.offset_x, p.acc_dtype) * ws
+        if p.cin % C0:
+            val = te.if_then_else(cx1 * C0 + cx0 < p.cin, val, zero)
+        return val.astype(p.para.res_dtype)
+
+    def pick(b, cx1, i, j, cx0):
         sh, sw = len(p.phases_h), len(p.phases_w)
         val = zero
         for (ph, pw), acc in accs.items():
@@ -519,17 +585,12 @@ def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
             qh = te.min(i // sh, p.phases_h[ph][0] - 1) if sh > 1 else i
             qw = te.min(j // sw, p.phases_w[pw][0] - 1) if sw > 1 else j
             if p.positions:
-                pick = acc[b, te.min(cx1 * C0 + cx0, p.cin - 1), qh, qw]
+                got = acc[b, te.min(cx1 * C0 + cx0, p.cin - 1), qh, qw]
             else:
-                pick = acc[b, cx1, qh, qw, cx0]
+                got = acc[b, cx1, qh, qw, cx0]
             conds = ([i % sh == ph] if sh > 1 else []) + ([j % sw == pw] if sw > 1 else [])
-            val = te.if_then_else(tvm.tirx.all(*conds), pick, val) if conds else pick
-        if wsum is not None:
-            ws = wsum[te.min(cx1 * C0 + cx0, p.cin - 1)] if p.positions else wsum[cx1, cx0]
-            val = val + tvm.tirx.const(p.offset_x, p.acc_dtype) * ws
-        if p.cin % C0:
-            val = te.if_then_else(cx1 * C0 + cx0 < p.cin, val, zero)
-        return val.astype(p.para.res_dtype)
+            val = te.if_then_else(tvm.tirx.all(*conds), got, val) if conds else got
+        return val
 
     n, _, h, w = p.x_sizes
     return te.compute((n, p.c1x, h, w, C0), out_body, name="dx", tag=TAG, attrs=attrs)

@@ -30,6 +30,8 @@ DX_DY_CAST = "conv2d_backprop_input.dy_cast"
 DX_DY_PAD = "conv2d_backprop_input.dy_pad"
 DX_WEIGHT = "conv2d_backprop_input.weight"
 DX_ACC = "conv2d_backprop_input.acc"  # one per stride phase
+DX_W_NONFINITE = "conv2d_backprop_input.w_nonfinite"  # 1 when a weight is NaN or infinite
+DX_EXACT = "conv2d_backprop_input.exact"  # per phase, padding never multiplied; run_if above
 DW_X_PAD = "conv2d_backprop_filter.x_pad"
 DW_DY_CAST = "conv2d_backprop_filter.dy_cast"
 DW_DY_GROUP = "conv2d_backprop_filter.dy_group"
@@ -55,6 +57,12 @@ POOL_SCALE = "avg_pool2d_backward.scale"
 POOL_ACC = "avg_pool2d_backward.acc"
 DECONV_DY_PAD = "deconv_grad_filter.dy_pad"
 DECONV_ACC = "deconv_grad_filter.acc"
+# Block annotation of a fallback stage: the name of the flag stage whose one element must be
+# non-zero for the stage to run (see dsl.runtime.run_if).
+RUN_IF = "dsl_run_if"
+# Block annotation of a stage whose values its exact twin (named) replaces when that twin ran.
+EXACT_TWIN = "dsl_exact_twin"
+
 LAYOUT_TAGS = (LAYOUT_TO_5HD, LAYOUT_FROM_5HD, LAYOUT_TO_FRACZ, LAYOUT_FROM_FRACZ)
 
 # Generic patterns (vector DSL and user stages).
@@ -92,3 +100,19 @@ def kernel_attrs(op: str, params: dict, formats: dict, **extra) -> dict:
     (facts a schedule rule reads directly, e.g. ``w_phases``)."""
     return {"dsl_op": op, "dsl_params": json.dumps(params, sort_keys=True),
             "dsl_formats": json.dumps(formats, sort_keys=True), **extra}
+
+
+# Side stages: computes that belong to a kernel although no output reads them (a fallback and
+# its flag, see dsl.runtime.run_if). Keyed by the anchor op; Schedule.prim_func adds them.
+_SIDE_STAGES: dict = {}
+
+
+def with_side_stages(out, stages: list):
+    """Record ``stages`` (te.Tensor) as side stages of ``out``'s op; returns ``out``."""
+    _SIDE_STAGES[out.op] = tuple(stages)
+    return out
+
+
+def side_stages(op) -> tuple:
+    """The side stages recorded for ``op`` (empty when none)."""
+    return _SIDE_STAGES.get(op, ())

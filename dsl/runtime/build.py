@@ -137,10 +137,13 @@ def _check_inputs_first(sch: Schedule, tensors: list) -> None:
 
 def lower(sch: Schedule, name: str, tensor_list):
     """The scheduled IRModule with its one function named ``name``, its arguments declared
-    element-aligned (:func:`element_aligned_args`)."""
+    element-aligned (:func:`element_aligned_args`) and its fallback stages wired in
+    (:func:`dsl.runtime.run_if.wire_fallbacks`)."""
     import tvm
 
-    func = element_aligned_args(sch.s_tir(tensor_list).mod["main"])
+    from dsl.runtime.run_if import wire_fallbacks
+
+    func = element_aligned_args(wire_fallbacks(sch.s_tir(tensor_list).mod["main"]))
     return tvm.IRModule({name: func.with_attr("global_symbol", name)})
 
 

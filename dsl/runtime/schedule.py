@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import targets
 from dsl.errors import E_VALUE, fail
+from dsl.ops import tag
 from dsl.runtime.target import get as target_get
 
 # A tensor of this many elements or more is indexed in 64 bits: TVM's default int32 index
@@ -53,6 +54,15 @@ def walk(outputs) -> tuple[list, list]:
     return placeholders, computes
 
 
+def side_first(outputs) -> tuple[list, list]:
+    """``(side stages, computes)``: the side stages of ``outputs``' operators
+    (:func:`dsl.ops.tag.side_stages`) and every compute of the kernel, in the order
+    ``Schedule.prim_func`` builds them (side stages and their producers first)."""
+    _, computes = walk(outputs)
+    side = [t for op in computes for t in tag.side_stages(op)]
+    return side, (walk([*side, *outputs])[1] if side else computes)
+
+
 def block_names(computes) -> list[str]:
     """The block name ``te.create_prim_func`` gives each compute (producers first): its
     ``name``, and ``name_1``, ``name_2``, ... for later computes of the same name."""
@@ -90,7 +100,7 @@ class Schedule:
     def workload(self):
         from schedules import Workload
 
-        _, computes = walk(self.outputs)
+        _, computes = side_first(self.outputs)
         stages: dict[str, list[str]] = {}
         for op, name in zip(computes, block_names(computes)):
             if op.tag:
@@ -105,19 +115,31 @@ class Schedule:
     def index_dtype(self) -> str:
         """``"int64"`` when some tensor of the kernel (argument or stage) has at least
         :data:`INT64_INDEX_FROM` elements, else ``"int32"`` (TVM's default, faster)."""
-        placeholders, computes = walk(self.outputs)
+        placeholders, _ = walk(self.outputs)
+        _, computes = side_first(self.outputs)
         shapes = [t.shape for t in placeholders]
         shapes += [op.output(k).shape for op in computes for k in range(op.num_outputs)]
         big = any(math.prod(int(d) for d in s) >= INT64_INDEX_FROM for s in shapes)
         return "int64" if big else "int32"
 
     def prim_func(self, tensor_list=None):
+        """The unscheduled PrimFunc over ``tensor_list``, with the side stages of its
+        operators (:func:`dsl.ops.tag.side_stages`) computed inside it (first)."""
         from tvm import te
 
+        from dsl.runtime.run_if import side_outputs_to_buffers
+
         args = list(tensor_list or self.default_tensor_list())
+        side, _ = side_first(self.outputs)
+        n_in = next((i for i, t in enumerate(args)
+                     if not isinstance(t.op, te.PlaceholderOp)), len(args))
+        # the side stages listed before the outputs, so their blocks come first
+        full = [*args[:n_in], *side, *args[n_in:]]
         if self.index_dtype() == "int64":  # every index, loop and shape in 64 bits
-            return te.create_prim_func(args, index_dtype_override="int64")
-        return te.create_prim_func(args)
+            func = te.create_prim_func(full, index_dtype_override="int64")
+        else:
+            func = te.create_prim_func(full)
+        return side_outputs_to_buffers(func, range(n_in, n_in + len(side)))
 
     def s_tir(self, tensor_list=None):
         """The ``tvm.s_tir.Schedule`` of this kernel with its rule applied."""

@@ -98,11 +98,9 @@ def test_temporaries_carry_the_builder_pid(tmp_path, monkeypatch):
 
 # Found by hypothesis (test_properties, dx with a non-finite weight), shrunk to this case:
 # the dx kernel gathers over every tap and multiplies taps that fall outside dy by the zero
-# padding of dy, so a NaN / inf weight turns 0 * NaN into NaN at dx positions that tap never
-# reaches (the scatter-form reference, like the math, has no such product). A fix that
-# recomputed the border rows in guarded blocks made dense dx 3-20x slower (stem 7x7 s2: 5 ms
-# -> 126 ms) and was taken out; pinned here until a fast fix lands.
-@pytest.mark.xfail(strict=True, reason="dx multiplies weights by dy's zero padding (reported)")
+# padding of dy, so a NaN / inf weight turned 0 * NaN into NaN at dx positions that tap never
+# reaches (the scatter-form reference, like the math, has no such product). Fixed by the exact
+# twins that run when the kernel finds a non-finite weight (dsl.runtime.run_if).
 @pytest.mark.parametrize("value", [np.nan, np.inf])
 def test_dx_nonfinite_weight_does_not_leak_through_padding(value):
     from helpers import dx_kernel

@@ -51,24 +51,49 @@ def corners_and_middle(shape):
             (0, *(s - 1 for s in shape[1:]))]
 
 
-# A non-finite *weight* still leaks into dx positions that read only padding (dx multiplies
-# taps by dy's zero padding; the guarded border blocks that fixed it made dense dx 3-20x
-# slower and were taken out): pinned by the strict xfail in tests/reliability/
-# test_regressions.py. A non-finite dy lands exactly where the math puts it.
-@pytest.mark.parametrize("c", CASES, ids=cid)
-@pytest.mark.parametrize("into", ["dy"])
-def test_dx_nonfinite(c, into):
-    kernel = dx_kernel(c, "float32", "float32")
+# dx multiplies the taps that fall outside dy by dy's zero padding; a non-finite weight
+# switches the kernel to its exact twins (dsl.runtime.run_if), so it too lands only where the
+# math puts it. Every dx path: padded, strided + dilated, grouped, W positions in lanes.
+# (16-bit inputs share the float32 kernels' stages after the cast: dense cases, weights only)
+DX_NONFINITE = [(c, into, "float32") for c in CASES for into in ("dy", "w")] + [
+    (c, "w", dt) for dt in ("float16", "bfloat16") for c in CASES
+    if c["groups"] == 1 and c["stride"][0] != 3]
+
+
+@pytest.mark.parametrize("c,into,dtype", DX_NONFINITE,
+                         ids=[f"{cid(c)}-{into}-{dt}" for c, into, dt in DX_NONFINITE])
+def test_dx_nonfinite(c, into, dtype):
+    kernel = dx_kernel(c, dtype, "float32")
     x_shape = (c["n"], c["cin"], c["h"], c["w"])
     for i, value in enumerate(VALUES):
         dy, w = dx_data(c, "float32")
         t = w if into == "w" else dy
         for pos in corners_and_middle(t.shape)[i::3] + corners_and_middle(t.shape)[3:]:
             t[pos] = value
+        dy, w = (_as(a, dtype) for a in (dy, w))
         out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, c["groups"]), nchw_to_5hd(dy)),
                               c["cin"])
-        ref = ref_dx(dy, w, x_shape, c["stride"], c["pads"], c["dil"], c["groups"])
-        same_nonfinite(out, ref, f"dx {cid(c)} {into}={value}")
+        ref = ref_dx(dy.astype("float64"), w.astype("float64"), x_shape, c["stride"],
+                     c["pads"], c["dil"], c["groups"])
+        same_nonfinite(out, ref, f"dx {cid(c)} {dtype} {into}={value}")
+        # the same kernel goes back to its fast path for finite weights
+        if into == "w":
+            w_ok = np.nan_to_num(w.astype("float32"), nan=0.5, posinf=0.5, neginf=0.5)
+            w_ok = _as(w_ok, dtype)
+            out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w_ok, c["groups"]),
+                                         nchw_to_5hd(dy)), c["cin"])
+            ref = ref_dx(dy.astype("float64"), w_ok.astype("float64"), x_shape, c["stride"],
+                         c["pads"], c["dil"], c["groups"])
+            same_nonfinite(out, ref, f"dx {cid(c)} {dtype} finite again after {value}")
+
+
+def _as(a, dtype):
+    """``a`` in ``dtype`` (bfloat16 through ml_dtypes, as the host packers take it)."""
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return a.astype(ml_dtypes.bfloat16)
+    return a.astype(dtype)
 
 
 @pytest.mark.parametrize("c", CASES, ids=cid)

@@ -1,0 +1,214 @@
+"""Fallback stages that run only when a flag computed by the kernel is set.
+
+Why: dx is fast because it multiplies every tap by dy's zero padding instead of testing each
+tap, which is exact unless a weight is NaN or infinite (``0 * inf`` is NaN where the math has
+no product at all). So float dx carries, beside each fast accumulator stage, an *exact twin*
+that tests its taps, and a flag stage that scans the weights. The twins and the flag are *side
+stages* (:func:`dsl.ops.tag.side_stages`): no output reads them in TE, so the operator's rule
+still writes the output straight from its register tile (TVM refuses to inline an output
+stage that reads a second computed buffer). The kernel wires them in after scheduling:
+
+* :func:`side_outputs_to_buffers` (from ``Schedule.prim_func``): the side stages are built as
+  extra outputs, then become buffers of the kernel, so the arguments are the user's;
+* :func:`guard_stages` (from :func:`dsl.runtime.build.lower`): a top-level loop nest made only
+  of a stage annotated ``tag.RUN_IF: "<flag>"`` runs inside ``if flag[0] != 0``;
+* :func:`take_exact_twins` (also from ``lower``): every block that reads the buffer written
+  by a stage annotated ``tag.EXACT_TWIN: "<twin>"`` (its register tile's write-back) first
+  copies the twin's value there when the twin's flag is set.
+
+With the flag clear the cost is the weight scan and one load and branch per write-back.
+A kernel compiled without ``lower`` (a test's own ``tvm.compile``) computes the twins always
+and never reads them: the fast results, slower. TE has no conditional stage and TVM 0.27 has
+no TIR mutator in Python, hence these small rewrites of the root block.
+"""
+
+from __future__ import annotations
+
+from dsl.ops.tag import EXACT_TWIN, RUN_IF
+
+
+def side_outputs_to_buffers(func, positions):
+    """``func`` with its parameters at ``positions`` (side stages built as outputs) moved
+    into the root block's buffers."""
+    import tvm
+
+    drop = set(positions)
+    if not drop:
+        return func
+    params = list(func.params)
+    moved = [params[i] for i in sorted(drop)]
+    root = func.body
+    block = _with_block(root.block, alloc_buffers=[*root.block.alloc_buffers, *moved])
+    body = tvm.s_tir.SBlockRealize(root.iter_values, root.predicate, block)
+    keep = [p for i, p in enumerate(params) if i not in drop]
+    return tvm.tirx.PrimFunc(keep, body, func.ret_type, func.attrs)
+
+
+def wire_fallbacks(func):
+    """:func:`take_exact_twins` then :func:`guard_stages`: ``func`` itself when it has no
+    fallback stage."""
+    return guard_stages(take_exact_twins(func))
+
+
+def guard_stages(func):
+    """``func`` with each top-level loop nest made only of :data:`RUN_IF` stages (and their
+    ``_init`` blocks) wrapped in ``if flag[0] != 0``."""
+    import tvm
+
+    root = func.body
+    blocks = _blocks(root)
+    guards = {b.name_hint: str(b.annotations[RUN_IF]) for b in blocks if RUN_IF in b.annotations}
+    if not guards or not isinstance(root, tvm.s_tir.SBlockRealize):
+        return func
+    buffers = _buffers(blocks)
+    top = root.block.body
+    stmts = list(top.seq) if isinstance(top, tvm.tirx.SeqStmt) else [top]
+    new = [_guarded(s, guards, buffers) for s in stmts]
+    if all(a.same_as(b) for a, b in zip(new, stmts)):
+        return func
+    body = tvm.tirx.SeqStmt(new) if len(new) > 1 else new[0]
+    block = _with_block(root.block, body=body)
+    return func.with_body(tvm.s_tir.SBlockRealize(root.iter_values, root.predicate, block))
+
+
+def take_exact_twins(func):
+    """``func`` where each reader of an :data:`EXACT_TWIN` stage's output first stores the
+    twin's value at the index it reads, when the twin's flag is set."""
+    import tvm
+
+    blocks = _blocks(func.body)
+    by_name = {b.name_hint: b for b in blocks}
+    buffers = _buffers(blocks)
+    # the buffer each fast stage writes (its local tile after cache_write) -> (twin, flag)
+    swaps = {}
+    for b in blocks:
+        twin = by_name.get(str(b.annotations[EXACT_TWIN])) if EXACT_TWIN in b.annotations \
+            else None
+        if twin is not None and RUN_IF in twin.annotations:
+            flag = buffers[str(twin.annotations[RUN_IF])]
+            for w in b.writes:
+                swaps[w.source.name] = (_written(twin), flag)
+    if not swaps:
+        return func
+
+    def visit(block):
+        if EXACT_TWIN in block.annotations:
+            return None  # the fast stage itself (its update reads its own buffer)
+        copies = [_copy_if(flag, r, twin) for r in block.reads
+                  if r.source.name in swaps for twin, flag in [swaps[r.source.name]]]
+        if not copies:
+            return None
+        extra_reads = [tvm.ir.expr.TensorRegion(swaps[r.source.name][0], r.region, r.ty)
+                       for r in block.reads if r.source.name in swaps]
+        return _with_block(block, body=tvm.tirx.SeqStmt([*copies, block.body]),
+                           reads=[*block.reads, *extra_reads],
+                           writes=[*block.writes, *[r for r in block.reads
+                                                    if r.source.name in swaps]])
+
+    return func.with_body(_rebuild(func.body, visit))
+
+
+def _copy_if(flag, region, twin):
+    """``if flag[0] != 0: region.buffer[idx] = twin[idx]`` at the point ``region`` reads."""
+    import tvm
+
+    idx = [r.min for r in region.region]
+    cond = _flag_set(flag)
+    store = tvm.tirx.BufferStore(region.source, tvm.tirx.BufferLoad(twin, idx), idx)
+    return tvm.tirx.IfThenElse(cond, store, None)
+
+
+def _written(block):
+    """The one buffer ``block`` writes."""
+    return block.writes[0].source
+
+
+def _flag_set(flag):
+    import tvm
+
+    zero = tvm.tirx.const(0, str(flag.shape[0].ty))  # int64 in an int64-indexed kernel
+    return tvm.tirx.BufferLoad(flag, [zero]) != tvm.tirx.const(0, flag.dtype)
+
+
+def _guarded(stmt, guards: dict, buffers: dict):
+    """``stmt`` wrapped in its flag test when every block in it belongs to one guarded
+    stage; ``stmt`` unchanged otherwise."""
+    import tvm
+
+    names = [b.name_hint for b in _blocks(stmt)]
+    owners = {g for g in guards if g in names}
+    if len(owners) != 1:
+        return stmt
+    (owner,) = owners
+    if not all(n == owner or n == f"{owner}_init" for n in names):
+        return stmt
+    return tvm.tirx.IfThenElse(_flag_set(buffers[guards[owner]]), stmt, None)
+
+
+def _buffers(blocks) -> dict:
+    return {buf.name: buf for b in blocks for buf in b.alloc_buffers}
+
+
+def _with_block(b, **changes):
+    """A copy of SBlock ``b`` with ``changes`` (keyword fields of its constructor)."""
+    import tvm
+
+    fields = {"iter_vars": b.iter_vars, "reads": b.reads, "writes": b.writes,
+              "name_hint": b.name_hint, "body": b.body, "init": b.init,
+              "alloc_buffers": b.alloc_buffers, "match_buffers": b.match_buffers,
+              "annotations": b.annotations, **changes}
+    return tvm.s_tir.SBlock(**fields)
+
+
+def _rebuild(stmt, visit):
+    """``stmt`` with every SBlock ``b`` replaced by ``visit(b)`` (None keeps it), the
+    containers above a change rebuilt (the node kinds a scheduled s_tir function has)."""
+    import tvm
+
+    if isinstance(stmt, tvm.s_tir.SBlockRealize):
+        block = _rebuild(stmt.block, visit)
+        return stmt if block.same_as(stmt.block) else tvm.s_tir.SBlockRealize(
+            stmt.iter_values, stmt.predicate, block)
+    if isinstance(stmt, tvm.s_tir.SBlock):
+        body = _rebuild(stmt.body, visit)
+        block = stmt if body.same_as(stmt.body) else _with_block(stmt, body=body)
+        return visit(block) or block
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        seq = [_rebuild(s, visit) for s in stmt.seq]
+        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else \
+            tvm.tirx.SeqStmt(seq)
+    if isinstance(stmt, tvm.tirx.For):
+        body = _rebuild(stmt.body, visit)
+        return stmt if body.same_as(stmt.body) else tvm.tirx.For(
+            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
+            stmt.annotations, stmt.step)
+    if isinstance(stmt, tvm.tirx.IfThenElse):
+        then = _rebuild(stmt.then_case, visit)
+        other = _rebuild(stmt.else_case, visit) if stmt.else_case is not None else None
+        if then.same_as(stmt.then_case) and (other is None or other.same_as(stmt.else_case)):
+            return stmt
+        return tvm.tirx.IfThenElse(stmt.condition, then, other)
+    return stmt
+
+
+def _blocks(stmt) -> list:
+    """Every SBlock in ``stmt``, outermost first."""
+    import tvm
+
+    out, todo = [], [stmt]
+    while todo:
+        s = todo.pop()
+        if s is None:
+            continue
+        if isinstance(s, tvm.s_tir.SBlockRealize):
+            todo.append(s.block)
+        elif isinstance(s, tvm.s_tir.SBlock):
+            out.append(s)
+            todo += [s.body, s.init]
+        elif isinstance(s, tvm.tirx.SeqStmt):
+            todo += list(s.seq)
+        elif isinstance(s, tvm.tirx.IfThenElse):
+            todo += [s.then_case, s.else_case]
+        elif hasattr(s, "body"):  # For, While, AttrStmt, LetStmt-like and DeclBuffer nodes
+            todo.append(s.body)
+    return out
