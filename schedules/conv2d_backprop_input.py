@@ -20,6 +20,7 @@ import schedules
 from dsl.ops import tag
 from schedules import fusion
 from schedules import toolbox as tb
+from schedules.fallback import schedule_fallbacks
 
 RULE = "x86 dx register tile"
 
@@ -85,36 +86,6 @@ def dx_acc_tiles(sch, block, target):
                             par=[0, 1, 2], serial=[3], red_inner=(red[1],) if per_lane else ())
 
 
-def nonfinite_scan(sch, workload, target) -> None:
-    """The weight scan of ``w_nonfinite``: partial flags per lane of the weight's last axis,
-    that axis vectorised inside the reduction (serial: the weights are small next to dx)."""
-    for block in workload.find_all(sch, tag.DX_W_NONFINITE):
-        spatial, red = tb.split_loops(sch, block)
-        name = sch.get(block).name_hint
-        if red and spatial and tb.extent(sch, spatial[0]) > 1:
-            lane = spatial[0]
-            lanes = target.lanes("float32")  # int8 flags beside fp32 weights
-            sch.reorder(*red, lane)
-            if tb.extent(sch, lane) % lanes == 0:
-                _, lane = sch.split(lane, [None, lanes])
-            sch.vectorize(lane)
-            sch.decompose_reduction(block, red[0])
-            workload.note(name, RULE, "weight scan for NaN / inf, lanes vectorised")
-        else:
-            workload.note(name, RULE, "weight scan for NaN / inf, final flag")
-
-
-def exact_fallback(sch, workload) -> None:
-    """The ``exact`` twins of the phases (they run only when a weight is NaN or infinite, see
-    :mod:`dsl.runtime.run_if`): rows across cores, kept simple and separate from the fast
-    tiles."""
-    for block in workload.find_all(sch, tag.DX_EXACT):
-        spatial, _ = tb.split_loops(sch, block)
-        tb.parallel(sch, spatial[:3], workload.target.cores)
-        workload.note(sch.get(block).name_hint, RULE,
-                      "exact fallback, run only for a NaN / inf weight: rows across cores")
-
-
 @schedules.register(tag.CONV2D_BACKPROP_INPUT, "x86")
 def schedule_dx_x86(sch, workload) -> None:
     target = workload.target
@@ -133,8 +104,7 @@ def schedule_dx_x86(sch, workload) -> None:
         if len(accs) == 1 and fusion.write_from_tile(
                 sch, workload, wb, workload.find(sch, tag.CONV2D_BACKPROP_INPUT), RULE):
             stages.remove(tag.CONV2D_BACKPROP_INPUT)
-    nonfinite_scan(sch, workload, target)
-    exact_fallback(sch, workload)
+    schedule_fallbacks(sch, workload, tag.CONV2D_BACKPROP_INPUT, RULE)
     for stage in stages:
         block = workload.find(sch, stage)
         if block is not None:

@@ -66,7 +66,7 @@ from dsl.errors import (
     fail,
     te_shape,
 )
-from dsl.ops import tag
+from dsl.ops import fallback, tag
 from dsl.ops.conv_geometry import ConvAxis
 from dsl.ops.group import C0, C0_INT8, GroupLayout, Int8DxLayout, calculate_group, check_group_dict
 from dsl.ops.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute
@@ -107,14 +107,14 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     wt = weight_stage(p, filters)
     accs = {(ph, pw): phase_acc(p, dyp, wt, ph, pw) for ph in range(len(p.phases_h))
             for pw in range(len(p.phases_w)) if p.phases_h[ph][2] and p.phases_w[pw][2]}
-    fallback = p.acc_dtype != "int32" and accs  # integers are always finite
-    if fallback:
-        flag = nonfinite_stage(wt)
+    has_twins = p.acc_dtype != "int32" and bool(accs)  # integers are always finite
+    if has_twins:
+        flag = fallback.nonfinite_flag(TAG, "dx_w_nonfinite", [filters])
         exact = [phase_acc(p, dyp, wt, *k, flag=flag) for k in accs]
         accs = {k: phase_acc(p, dyp, wt, *k, twin=e) for k, e in zip(accs, exact)}
     dx = interleave(p, accs, _attrs(p, filters, out_backprop),
                     wsum_stage(p, wt) if p.offset_x else None)
-    return tag.with_side_stages(dx, [flag, *exact]) if fallback else dx
+    return tag.with_side_stages(dx, [flag, *exact]) if has_twins else dx
 
 
 # --- check and plan --------------------------------------------------------------------------
@@ -435,8 +435,8 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
 
     It multiplies the taps that fall outside dy by dy's zero padding, which is exact unless a
     weight is NaN or infinite. So float dx also has, per phase, an ``exact`` twin (made with
-    ``flag``, :func:`nonfinite_stage`) where those taps add nothing; it runs only when
-    ``flag`` is set, and the ``acc`` made with ``twin`` takes its values then (both
+    ``flag``, :func:`dsl.ops.fallback.nonfinite_flag`) where those taps add nothing; it runs
+    only when ``flag`` is set, and the ``acc`` made with ``twin`` takes its values then (both
     :mod:`dsl.runtime.run_if`)."""
     from tvm import te
 
@@ -461,9 +461,9 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
                               row_w >= p.pad_w, row_w < p.pad_w + p.aw.n_out)
             return tvm.tirx.if_then_else(ok, v, tvm.tirx.const(0, p.acc_dtype))
 
-        kind = _Acc("dx_exact", tag.stage(TAG, "exact"), real, {tag.RUN_IF: flag.op.name})
+        kind = _Acc("dx_exact", tag.DX_EXACT, real, fallback.twin_attrs(flag))
     elif twin is not None:
-        kind = replace(kind, attrs={tag.EXACT_TWIN: twin.op.name})
+        kind = replace(kind, attrs=fallback.fast_attrs(twin))
     if p.positions:
         return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix, kind)
     return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix, kind)
@@ -519,27 +519,6 @@ def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
 
     return te.compute((p.n, p.cin, nq[0], ceil_div(nq[1], C0) * C0), body_p,
                       name=f"{kind.name}_w{suffix}", tag=kind.tag, attrs=kind.attrs)
-
-
-def nonfinite_stage(wt):
-    """``w_nonfinite`` ``[1]`` int8: 1 when some weight (of the repacked ``wt``) is NaN or
-    infinite, else 0. Through ``[L]`` partial flags over ``wt``'s last axis, so the scan runs
-    in vector lanes."""
-    import tvm
-    from tvm import te
-
-    *outer, lanes = (int(d) for d in wt.shape)
-    red = [te.reduce_axis((0, e), name=f"f{i}") for i, e in enumerate(outer)]
-
-    def bad(v):  # int8: no int32 in an int64-indexed kernel's code
-        return te.if_then_else(tvm.tirx.isfinite(v), tvm.tirx.const(0, "int8"),
-                               tvm.tirx.const(1, "int8"))
-
-    part = te.compute((lanes,), lambda ln: te.max(bad(wt[(*red, ln)]), axis=red),
-                      name="dx_w_nonfinite_lanes", tag=tag.stage(TAG, "w_nonfinite"))
-    rl = te.reduce_axis((0, lanes), name="fl")
-    return te.compute((1,), lambda _: te.max(part[rl], axis=rl), name="dx_w_nonfinite",
-                      tag=tag.stage(TAG, "w_nonfinite"))
 
 
 def wsum_stage(p: Plan, wt):

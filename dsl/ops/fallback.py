@@ -1,0 +1,83 @@
+"""Exact fallbacks of the operators' fast reductions, for non-finite inputs.
+
+The fast reductions multiply zeros in where the math has no product at all: the zero
+padding of a packed operand (a dx tap that falls off dy, a dw tap in x's padding) and the
+zero taps of a kernel padded to whole stride phases. ``0 * x`` is 0 for every finite ``x``,
+so this is exact unless the other factor is NaN or infinite (``0 * inf`` is NaN).
+
+So each such reduction gets an *exact twin*, the same sum with those terms tested out, and
+the kernel a *flag*, whether any element of the tensors that meet the zeros is non-finite.
+Both are side stages (:func:`dsl.ops.tag.with_side_stages`); after scheduling,
+:mod:`dsl.runtime.run_if` runs the twins only when the flag is set and makes the readers of
+the fast reduction take the twin's values then.
+
+Stages (tags ``<op>.nonfinite`` and ``<op>.exact``)
+----------------------------------------------------
+``<name>_lanes<i>``  ``[P, L]`` int8: 1 where some element of input ``i`` (viewed as
+    ``[P, M, L]``, ``P`` its first axis, ``L`` a divisor of its last axis up to 16) is NaN or
+    infinite.
+``<name>``           ``[1]`` int8: the maximum of every ``_lanes`` stage.
+"""
+
+from __future__ import annotations
+
+from dsl.ops import tag
+
+MAX_LANES = 16
+
+
+def nonfinite_flag(op: str, name: str, tensors) -> object:
+    """The flag stage ``[1]`` int8 of ``tensors`` (1 when some element is NaN or inf): one
+    partial stage per tensor, each folded into the flag by a small reduction (module
+    docstring); the last is named ``name``."""
+    import tvm
+    from tvm import te
+
+    def fold(part, prev, rp, rl):
+        def body(_):
+            v = part[rp, rl]
+            return te.max(v if prev is None else tvm.tirx.max(v, prev[0]), axis=[rp, rl])
+        return body
+
+    flag = None
+    for i, t in enumerate(tensors):
+        part = _partial(op, f"{name}_lanes{i}", t)
+        rp = te.reduce_axis((0, int(part.shape[0])), name=f"fp{i}")
+        rl = te.reduce_axis((0, int(part.shape[1])), name=f"fl{i}")
+        last = i == len(tensors) - 1
+        flag = te.compute((1,), fold(part, flag, rp, rl), name=name if last else f"{name}_{i}",
+                          tag=tag.stage(op, "nonfinite"))
+    return flag
+
+
+def _partial(op: str, name: str, t):
+    """``[P, L]`` int8 partial flags of ``t`` (module docstring)."""
+    import tvm
+    from tvm import te
+
+    shape = [int(d) for d in t.shape]
+    last = shape[-1]
+    lanes = max(d for d in range(1, min(last, MAX_LANES) + 1) if last % d == 0)
+    lead = shape[0] if len(shape) > 1 else 1
+    mid = shape[1:-1] if len(shape) > 1 else []
+    red = [te.reduce_axis((0, e), name=f"{name}_m{i}") for i, e in enumerate(mid)]
+    rj = te.reduce_axis((0, last // lanes), name=f"{name}_j")
+
+    def body(pp, ln):
+        idx = [*([pp] if len(shape) > 1 else []), *red, rj * lanes + ln]
+        v = t[tuple(idx)].astype("float32")
+        bad = te.if_then_else(tvm.tirx.isfinite(v), tvm.tirx.const(0, "int8"),
+                              tvm.tirx.const(1, "int8"))
+        return te.max(bad, axis=[*red, rj])
+
+    return te.compute((lead, lanes), body, name=name, tag=tag.stage(op, "nonfinite"))
+
+
+def twin_attrs(flag) -> dict:
+    """The attributes of an exact twin that runs only when ``flag`` is set."""
+    return {tag.RUN_IF: flag.op.name}
+
+
+def fast_attrs(twin) -> dict:
+    """The attributes of a fast reduction whose values ``twin`` replaces when it ran."""
+    return {tag.EXACT_TWIN: twin.op.name}

@@ -1,0 +1,34 @@
+"""Schedules of the exact fallbacks (:mod:`dsl.ops.fallback`), shared by the operator rules.
+
+The scans are small next to the operators (a weight, or one pass over dy or x): partial flags
+with their lanes vectorised and their first axis across cores. The exact twins run only for a
+non-finite input (:mod:`dsl.runtime.run_if`): kept simple, every position but the innermost
+across cores, and separate from the fast tiles.
+"""
+
+from __future__ import annotations
+
+from dsl.ops import tag
+from schedules import toolbox as tb
+
+
+def schedule_fallbacks(sch, workload, op: str, rule: str) -> None:
+    """Schedule operator ``op``'s ``nonfinite`` scans and ``exact`` twins under ``rule``."""
+    cores = workload.target.cores
+    for block in workload.find_all(sch, tag.stage(op, "nonfinite")):
+        spatial, red = tb.split_loops(sch, block)
+        name = sch.get(block).name_hint
+        if len(spatial) == 2 and red:  # a partial [P, L]
+            lead, lane = spatial
+            sch.reorder(lead, *red, lane)
+            sch.vectorize(lane)
+            tb.parallel(sch, [lead], cores)
+            sch.decompose_reduction(block, red[0])
+            workload.note(name, rule, "scan for NaN / inf: lanes vectorised, rows across cores")
+        else:
+            workload.note(name, rule, "scan for NaN / inf: the flag")
+    for block in workload.find_all(sch, tag.stage(op, "exact")):
+        spatial, _ = tb.split_loops(sch, block)
+        tb.parallel(sch, spatial[:-1] or spatial, cores)
+        workload.note(sch.get(block).name_hint, rule,
+                      "exact fallback, run only for a NaN / inf input: positions across cores")
