@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from dsl.ops import tag
 from dsl.ops.convolution_backward import NC_ROW
 from schedules import register
+from schedules.fallback import schedule_fallbacks
 from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
     accumulator_registers,
@@ -258,6 +259,7 @@ def schedule_convolution_backward(sch, workload) -> None:
     for stage in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
         if stage not in done:
             _elementwise(sch, workload, stage, "layout-restoring output")
+    schedule_fallbacks(sch, workload, tag.CONVOLUTION_BACKWARD, RULE)
 
 
 def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -> None:

@@ -130,7 +130,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dsl.errors import (
     E_CHANNEL,
@@ -149,7 +149,7 @@ from dsl.errors import (
     fail,
     te_shape,
 )
-from dsl.ops import tag
+from dsl.ops import fallback, tag
 from dsl.ops.conv_geometry import ConvAxis
 
 TAG = tag.CONVOLUTION_BACKWARD
@@ -555,8 +555,9 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     """The stages of every requested gradient, in one graph (see the module docstring)."""
     xt, yt = (grad_output, input) if p.transposed else (input, grad_output)
     attrs = _attrs(p, grad_output, input, weight)
+    fb = _Fallbacks.of(p, yt, weight)
     if p.nc_depthwise:
-        return _build_nc_depthwise(p, grad_output, input, weight, attrs)
+        return fb.attach(_build_nc_depthwise(p, grad_output, input, weight, attrs, fb))
     yp = _y_pack(p, yt) if (p.need_adjoint and not p.rep_dx) or p.output_mask[1] else None
     yr = _y_rep(p, yt) if p.rep_dx else None
     xp = _x_pack(p, xt) if ((p.need_forward and not p.rep_fwd)
@@ -564,14 +565,77 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     xr = _x_rep(p, xt) if p.rep_fwd or p.rep_dw else None
     outs = [None, None, None]
     if p.need_adjoint:
-        outs[0] = _grad_input_adjoint(p, yr if p.rep_dx else yp, weight, attrs)
+        outs[0] = _grad_input_adjoint(p, yr if p.rep_dx else yp, weight, attrs, fb)
     if p.need_forward:
-        outs[0] = _grad_input_forward(p, xr if p.rep_fwd else xp, weight, attrs)
+        outs[0] = _grad_input_forward(p, xr if p.rep_fwd else xp, weight, attrs, fb)
     if p.output_mask[1]:
-        outs[1] = _grad_weight(p, yp, xr if p.rep_dw else xp, attrs)
+        outs[1] = _grad_weight(p, yp, xr if p.rep_dw else xp, attrs, fb)
     if p.output_mask[2]:
         outs[2] = _grad_bias(p, grad_output, attrs)
-    return tuple(outs)
+    return fb.attach(tuple(outs))
+
+
+def _x_padded(p: Plan) -> bool:
+    """Whether some read of the x pack (dw, the transposed dx) reaches its zero rows."""
+    return any(a.pad_before or a.x_padded_size > a.pad_before + a.n_in for a in p.axes)
+
+
+def _y_padded(p: Plan) -> bool:
+    """Whether some dx tap reads the y pack's zero rows or a zero tap of a kernel padded to
+    whole stride phases."""
+    return any(a.dy_pad_before or a.dy_padded_size > a.dy_pad_before + a.n_out
+               or a.padded_kernel != a.kernel for a in p.axes)
+
+
+@dataclass
+class _Fallbacks:
+    """The exact twins of the fast reductions that multiply zeros in (:mod:`dsl.ops.fallback`)
+    and the flag they run on: a scan of every tensor whose values meet those zeros (the weight
+    for grad_input, Y for grad_weight and for a padded kernel's zero taps)."""
+
+    flag: object = None
+    needs: tuple = ()  # the acc stages (tags) that get a twin
+    twins: dict = field(default_factory=dict)  # output index -> twin tensors
+
+    @classmethod
+    def of(cls, p: Plan, yt, weight) -> _Fallbacks:
+        if p.acc_dtype != ACC_DTYPE:
+            return cls()
+        scans, needs = [], []
+        if p.output_mask[0] and p.need_forward and _x_padded(p):
+            scans.append(weight)
+            needs.append(tag.CB_FWD_ACC)
+        if p.output_mask[0] and (p.need_adjoint or p.nc_depthwise) and _y_padded(p):
+            scans.append(weight)
+            if any(a.padded_kernel != a.kernel for a in p.axes):
+                scans.append(yt)  # Y meets the zero taps too
+            needs += [tag.CB_DX_ACC, tag.CB_NC_DX_ACC]
+        if p.output_mask[1] and _x_padded(p):
+            scans.append(yt)
+            needs += [tag.CB_DW_ACC, tag.CB_NC_DW_ACC]
+        unique = [t for i, t in enumerate(scans) if not any(t.op.same_as(u.op)
+                                                            for u in scans[:i])]
+        if not unique:
+            return cls()
+        return cls(fallback.nonfinite_flag(TAG, "cb_nonfinite", unique), tuple(needs))
+
+    def acc(self, out: int, stage: str, shape, make_body, name: str):
+        """The fast reduction ``name`` (``make_body(False)``) and, when ``stage`` needs one,
+        its exact twin (``make_body(True)``), recorded for output ``out``."""
+        from tvm import te
+
+        if stage not in self.needs:
+            return te.compute(shape, make_body(False), name=name, tag=stage)
+        twin = te.compute(shape, make_body(True), name=f"{name}_exact", tag=tag.CB_EXACT,
+                          attrs=fallback.twin_attrs(self.flag))
+        self.twins.setdefault(out, []).append(twin)
+        return te.compute(shape, make_body(False), name=name, tag=stage,
+                          attrs=fallback.fast_attrs(twin))
+
+    def attach(self, outs: tuple) -> tuple:
+        for i, twins in self.twins.items():
+            tag.with_side_stages(outs[i], [self.flag, *twins])
+        return outs
 
 
 def _attrs(p: Plan, grad_output, input, weight) -> dict:  # noqa: A002
@@ -667,7 +731,7 @@ def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: tuple[int, ...], sour
 
 # --- exact depthwise, stride 1: NC* throughout ---------------------------------------------
 
-def _build_nc_depthwise(p: Plan, grad_output, input, weight, attrs):  # noqa: A002
+def _build_nc_depthwise(p: Plan, grad_output, input, weight, attrs, fb):  # noqa: A002
     """Each channel is its own convolution: vectors along the innermost spatial axis need no
     channel-last copy, so dx and dw read NC* operands (dy padded for dx's taps, x padded for
     dw's) and write NC* results, with no layout transposes on either side."""
@@ -677,13 +741,13 @@ def _build_nc_depthwise(p: Plan, grad_output, input, weight, attrs):  # noqa: A0
         yp = _pad_pack(p, grad_output, _y_offsets(p, True), _pitch(_y_rows(p, True)),
                        tuple(a.n_out for a in axes), (p.cy,), lambda c: c, "cb_nc_y_pad",
                        "nc_y_pad", channels_first=True)
-        outs[0] = _grad_input_nc(p, yp, weight, attrs)
+        outs[0] = _grad_input_nc(p, yp, grad_output, weight, attrs, fb)
     if p.output_mask[1]:
         xp = _pad_pack(p, input, tuple(a.pad_before for a in axes),
                        _pitch(tuple(a.x_padded_size for a in axes)),
                        tuple(a.n_in for a in axes), (p.cx,), lambda c: c, "cb_nc_x_pad",
                        "nc_x_pad", channels_first=True)
-        outs[1] = _grad_weight_nc(p, grad_output, xp, attrs)
+        outs[1] = _grad_weight_nc(p, grad_output, xp, input, attrs, fb)
     if p.output_mask[2]:
         outs[2] = _grad_bias(p, grad_output, attrs)
     return tuple(outs)
@@ -695,50 +759,94 @@ def _pitch(sizes: tuple[int, ...]) -> tuple[int, ...]:
     return (*sizes[:-1], -(-sizes[-1] // NC_ROW) * NC_ROW)
 
 
-def _grad_input_nc(p: Plan, yp, weight, attrs):
+def _grad_input_nc(p: Plan, yp, grad_output, weight, attrs, fb):
     """``nc_dx_acc [N, C, *in]``: ``sum_j y_pad[n, c, row(i, j)] * w[c, 0, k(j)]`` (stride 1:
-    tap ``j`` is kernel tap ``k = j``, its row affine in ``i``), then cast."""
+    tap ``j`` is kernel tap ``k = j``, its row affine in ``i``), then cast. Its exact twin
+    reads ``grad_output`` itself: the pad is computed inside the fast tile's task, so it
+    can have no second reader."""
     from tvm import te
 
     axes, w_dtype, cmt = p.axes, str(weight.dtype), p.cube_math_type
-    jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
 
-    def body(b, c, *i):
-        taps = [a.dx_taps(ii, j) for ii, j, a in zip(i, jr, axes)]
-        w = _operand(weight[(c, 0, *(k for k, _, _ in taps))], w_dtype, cmt, p.acc_dtype)
-        return te.sum(yp[(b, c, *(row for _, row, _ in taps))] * w, axis=jr)
+    def make_body(exact: bool):
+        jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
 
-    acc = te.compute((p.input_shape[0], p.cx, *(a.n_in for a in axes)), body,
-                     name="cb_nc_dx_acc", tag=tag.stage(TAG, "nc_dx_acc"))
+        def body(b, c, *i):
+            taps = [a.dx_taps(ii, j) for ii, j, a in zip(i, jr, axes)]
+            w = _operand(weight[(c, 0, *(k for k, _, _ in taps))], w_dtype, cmt, p.acc_dtype)
+            if exact:
+                rows = [_clamp(row - a.dy_pad_before, a.n_out) for (_, row, _), a in
+                        zip(taps, axes)]
+                y = _operand(grad_output[(b, c, *rows)], str(grad_output.dtype), cmt,
+                             p.acc_dtype)
+                return te.sum(_guard(_real_y(p, taps), y * w, p.acc_dtype), axis=jr)
+            prod = yp[(b, c, *(row for _, row, _ in taps))] * w
+            return te.sum(prod, axis=jr)
+        return body
+
+    acc = fb.acc(0, tag.CB_NC_DX_ACC, (p.input_shape[0], p.cx, *(a.n_in for a in axes)),
+                 make_body, "cb_nc_dx_acc")
     gi_dtype = p.out_dtypes[0]
     return te.compute(p.input_shape, lambda *idx: acc[idx].astype(gi_dtype),
                       name="grad_input", tag=tag.stage(TAG, "grad_input"), attrs=attrs)
 
 
-def _grad_weight_nc(p: Plan, grad_output, xp, attrs):
+def _grad_weight_nc(p: Plan, grad_output, xp, input, attrs, fb):  # noqa: A002
     """``nc_dw_acc [C, *k]``: ``sum_{n, o} dy[n, c, o] * x_pad[n, c, o + k*d]``, then cast
-    to ``grad_weight [C, 1, *k]``."""
+    to ``grad_weight [C, 1, *k]``. Its exact twin reads ``input`` itself (as dx's twin)."""
     from tvm import te
 
     axes, go_dtype, cmt = p.axes, str(grad_output.dtype), p.cube_math_type
-    rn = te.reduce_axis((0, p.input_shape[0]), name="n")
-    orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
 
-    def body(c, *k):
-        dy = _operand(grad_output[(rn, c, *orr)], go_dtype, cmt, p.acc_dtype)
-        xpos = [oo + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
-        return te.sum(dy * xp[(rn, c, *xpos)], axis=[rn, *orr])
+    def make_body(exact: bool):
+        rn = te.reduce_axis((0, p.input_shape[0]), name="n")
+        orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
 
-    acc = te.compute((p.cy, *(a.kernel for a in axes)), body, name="cb_nc_dw_acc",
-                     tag=tag.stage(TAG, "nc_dw_acc"))
+        def body(c, *k):
+            dy = _operand(grad_output[(rn, c, *orr)], go_dtype, cmt, p.acc_dtype)
+            xpos = [oo + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
+            if exact:
+                src = [_clamp(q - a.pad_before, a.n_in) for q, a in zip(xpos, axes)]
+                x = _operand(input[(rn, c, *src)], str(input.dtype), cmt, p.acc_dtype)
+                return te.sum(_guard(_real_x(p, xpos), dy * x, p.acc_dtype), axis=[rn, *orr])
+            return te.sum(dy * xp[(rn, c, *xpos)], axis=[rn, *orr])
+        return body
+
+    acc = fb.acc(1, tag.CB_NC_DW_ACC, (p.cy, *(a.kernel for a in axes)), make_body,
+                 "cb_nc_dw_acc")
     gw_dtype = p.out_dtypes[1]
     return te.compute(p.weight_shape, lambda c, ci, *k: acc[(c, *k)].astype(gw_dtype),
                       name="grad_weight", tag=tag.stage(TAG, "grad_weight"), attrs=attrs)
 
 
+# --- the exact twins' tests ----------------------------------------------------------------
+
+def _clamp(i, n: int):
+    """``i`` clamped into ``[0, n)``: a guarded-off read stays in bounds."""
+    from tvm import te
+
+    return te.max(te.min(i, n - 1), 0)
+
+
+def _real_x(p: Plan, pos):
+    """Row ``pos`` (per axis) of the x pack holds a real x element, not padding."""
+    return _all([c for q, a in zip(pos, p.axes)
+                 for c in (q >= a.pad_before, q < a.pad_before + a.n_in)])
+
+
+def _real_y(p: Plan, taps):
+    """dx taps ``(k, row, _)`` (per axis) read a real Y element with a real kernel tap."""
+    conds = []
+    for (k, row, _), a in zip(taps, p.axes):
+        conds += [row >= a.dy_pad_before, row < a.dy_pad_before + a.n_out]
+        if a.padded_kernel != a.kernel:
+            conds.append(k < a.kernel)
+    return _all(conds)
+
+
 # --- grad_input ----------------------------------------------------------------------------
 
-def _grad_input_adjoint(p: Plan, yp, weight, attrs):
+def _grad_input_adjoint(p: Plan, yp, weight, attrs, fb):
     """``w_adj`` and ``dx_acc``: the plain grad_input, a stride-phase gather of dx taps."""
     from tvm import te
 
@@ -758,30 +866,31 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs):
 
     wa = te.compute((*(a.padded_kernel for a in axes), cyg, p.cx), wa_body, name="cb_w_adj",
                     tag=tag.stage(TAG, "w_adj"))
-    jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
-    rco = te.reduce_axis((0, cyg), name="co")
+    def make_body(exact: bool):
+        jr = [te.reduce_axis((0, a.n_taps), name=f"j{i}") for i, a in enumerate(axes)]
+        rco = te.reduce_axis((0, cyg), name="co")
 
-    def dx_body(b, *rest):
-        *i, c = rest
-        ks, rows, conds = [], [], []
-        for ii, j, a in zip(i, jr, axes):
-            k, row, cond = a.dx_taps(ii, j)
-            ks.append(k)
-            rows.append(row)
-            conds.append(cond)
-        if p.rep_dx:  # y_rep [N, *rows, Cy_g, Cx]: the lanes (c) read adjacent memory
-            y = yp[(b, *rows, rco, c)]
-        else:
-            y = yp[(b, *rows, rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco)]
-        prod = y * wa[(*ks, rco, c)]
-        return te.sum(_guard(_all(conds), prod, p.acc_dtype), axis=[*jr, rco])
+        def dx_body(b, *rest):
+            *i, c = rest
+            taps = [a.dx_taps(ii, j) for ii, j, a in zip(i, jr, axes)]
+            ks, rows = [k for k, _, _ in taps], [row for _, row, _ in taps]
+            conds = [cond for _, _, cond in taps]
+            if exact:
+                conds.append(_real_y(p, taps))
+            if p.rep_dx:  # y_rep [N, *rows, Cy_g, Cx]: the lanes (c) read adjacent memory
+                y = yp[(b, *rows, rco, c)]
+            else:
+                y = yp[(b, *rows, rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco)]
+            prod = y * wa[(*ks, rco, c)]
+            return te.sum(_guard(_all(conds), prod, p.acc_dtype), axis=[*jr, rco])
+        return dx_body
 
-    acc = te.compute((p.input_shape[0], *(a.n_in for a in axes), p.cx), dx_body,
-                     name="cb_dx_acc", tag=tag.stage(TAG, "dx_acc"))
+    acc = fb.acc(0, tag.CB_DX_ACC, (p.input_shape[0], *(a.n_in for a in axes), p.cx),
+                 make_body, "cb_dx_acc")
     return _grad_input_out(p, acc, attrs)
 
 
-def _grad_input_forward(p: Plan, xp, weight, attrs):
+def _grad_input_forward(p: Plan, xp, weight, attrs, fb):
     """``w_fwd`` and ``fwd_acc``: the transposed conv's grad_input, a plain convolution."""
     from tvm import te
 
@@ -790,20 +899,25 @@ def _grad_input_forward(p: Plan, xp, weight, attrs):
                     lambda *idx: _operand(weight[(idx[-1], idx[-2], *idx[:-2])], w_dtype,
                                           cmt, p.acc_dtype),
                     name="cb_w_fwd", tag=tag.stage(TAG, "w_fwd"))
-    kr = [te.reduce_axis((0, a.kernel), name=f"k{i}") for i, a in enumerate(axes)]
-    rci = te.reduce_axis((0, cxg), name="ci")
+    def make_body(exact: bool):
+        kr = [te.reduce_axis((0, a.kernel), name=f"k{i}") for i, a in enumerate(axes)]
+        rci = te.reduce_axis((0, cxg), name="ci")
 
-    def fwd_body(b, *rest):
-        *o, c = rest
-        pos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(o, kr, axes)]
-        if p.rep_fwd:  # x_rep [N, *x_padded, Cx_g, Cy]
-            x = xp[(b, *pos, rci, c)]
-        else:
-            x = xp[(b, *pos, rci if p.groups == 1 else _group(p, c, p.cyg) * cxg + rci)]
-        return te.sum(x * wf[(*kr, rci, c)], axis=[*kr, rci])
+        def fwd_body(b, *rest):
+            *o, c = rest
+            pos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(o, kr, axes)]
+            if p.rep_fwd:  # x_rep [N, *x_padded, Cx_g, Cy]
+                x = xp[(b, *pos, rci, c)]
+            else:
+                x = xp[(b, *pos, rci if p.groups == 1 else _group(p, c, p.cyg) * cxg + rci)]
+            prod = x * wf[(*kr, rci, c)]
+            if exact:
+                prod = _guard(_real_x(p, pos), prod, p.acc_dtype)
+            return te.sum(prod, axis=[*kr, rci])
+        return fwd_body
 
-    acc = te.compute((p.input_shape[0], *(a.n_out for a in axes), p.cy), fwd_body,
-                     name="cb_fwd_acc", tag=tag.stage(TAG, "fwd_acc"))
+    acc = fb.acc(0, tag.CB_FWD_ACC, (p.input_shape[0], *(a.n_out for a in axes), p.cy),
+                 make_body, "cb_fwd_acc")
     return _grad_input_out(p, acc, attrs)
 
 
@@ -818,26 +932,31 @@ def _grad_input_out(p: Plan, acc, attrs):
 
 # --- grad_weight and grad_bias -------------------------------------------------------------
 
-def _grad_weight(p: Plan, yp, xp, attrs):
+def _grad_weight(p: Plan, yp, xp, attrs, fb):
     """``dw_acc [*k, Cy, Cx_g]`` over ``(n, *o)``, then ``grad_weight`` in weight layout."""
     from tvm import te
 
     axes, y_off, cxg, gw_dtype = p.axes, _y_offsets(p), p.cxg, p.out_dtypes[1]
-    rn = te.reduce_axis((0, p.input_shape[0]), name="n")
-    orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
+    def make_body(exact: bool):
+        rn = te.reduce_axis((0, p.input_shape[0]), name="n")
+        orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
 
-    def dw_body(*idx):
-        *k, c, ci = idx
-        ypos = [oo + off for oo, off in zip(orr, y_off)]
-        xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
-        if p.rep_dw:  # x_rep [N, *x_padded, Cx_g, Cy]
-            x = xp[(rn, *xpos, ci, c)]
-        else:
-            x = xp[(rn, *xpos, ci if p.groups == 1 else _group(p, c, p.cyg) * cxg + ci)]
-        return te.sum(yp[(rn, *ypos, c)] * x, axis=[rn, *orr])
+        def dw_body(*idx):
+            *k, c, ci = idx
+            ypos = [oo + off for oo, off in zip(orr, y_off)]
+            xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
+            if p.rep_dw:  # x_rep [N, *x_padded, Cx_g, Cy]
+                x = xp[(rn, *xpos, ci, c)]
+            else:
+                x = xp[(rn, *xpos, ci if p.groups == 1 else _group(p, c, p.cyg) * cxg + ci)]
+            prod = yp[(rn, *ypos, c)] * x
+            if exact:
+                prod = _guard(_real_x(p, xpos), prod, p.acc_dtype)
+            return te.sum(prod, axis=[rn, *orr])
+        return dw_body
 
-    acc = te.compute((*(a.kernel for a in axes), p.cy, cxg), dw_body, name="cb_dw_acc",
-                     tag=tag.stage(TAG, "dw_acc"))
+    acc = fb.acc(1, tag.CB_DW_ACC, (*(a.kernel for a in axes), p.cy, cxg), make_body,
+                 "cb_dw_acc")
     return te.compute(p.weight_shape, lambda c, ci, *k: acc[(*k, c, ci)].astype(gw_dtype),
                       name="grad_weight", tag=tag.stage(TAG, "grad_weight"), attrs=attrs)
 

@@ -86,8 +86,10 @@ def take_exact_twins(func):
             else None
         if twin is not None and RUN_IF in twin.annotations:
             flag = buffers[str(twin.annotations[RUN_IF])]
-            for w in b.writes:
-                swaps[w.source.name] = (_written(twin), flag)
+            exact = _written(twin)
+            for w in b.writes:  # the stage's buffer or its cache, not an rfactor's partials
+                if _dims(w.source) == _dims(exact):
+                    swaps[w.source.name] = (exact, flag)
     if not swaps:
         return func
 
@@ -108,10 +110,18 @@ def take_exact_twins(func):
     return func.with_body(_rebuild(func.body, visit))
 
 
+def _dims(buf) -> list[int]:
+    return [int(d) for d in buf.shape]
+
+
 def _copy_if(flag, region, twin):
     """``if flag[0] != 0: region.buffer[idx] = twin[idx]`` at the point ``region`` reads."""
     import tvm
 
+    if any(int(r.extent) != 1 for r in region.region):
+        raise NotImplementedError(  # no shipped schedule reads a tile at once
+            f"a block reads {region.source.name} by region, not element by element: "
+            "its exact twin cannot be swapped in")
     idx = [r.min for r in region.region]
     cond = _flag_set(flag)
     store = tvm.tirx.BufferStore(region.source, tvm.tirx.BufferLoad(twin, idx), idx)

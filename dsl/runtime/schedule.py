@@ -59,7 +59,10 @@ def side_first(outputs) -> tuple[list, list]:
     (:func:`dsl.ops.tag.side_stages`) and every compute of the kernel, in the order
     ``Schedule.prim_func`` builds them (side stages and their producers first)."""
     _, computes = walk(outputs)
-    side = [t for op in computes for t in tag.side_stages(op)]
+    side: list = []
+    for t in (t for op in computes for t in tag.side_stages(op)):
+        if not any(same_tensor(t, u) for u in side):  # several outputs share one flag
+            side.append(t)
     return side, (walk([*side, *outputs])[1] if side else computes)
 
 

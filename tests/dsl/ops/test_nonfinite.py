@@ -143,37 +143,48 @@ def test_avg_pool_backward_nonfinite(c):
 
 
 def _geometry(size, cin, cout, k, stride, pad, transposed=False, opad=0, groups=1):
+    nd = len(size)
     if transposed:
         out = tuple((i - 1) * stride - 2 * pad + (k - 1) + opad + 1 for i in size)
-        w = (cin, cout // groups, k, k)
+        w = (cin, cout // groups, *(k,) * nd)
     else:
         out = tuple((i + 2 * pad - k) // stride + 1 for i in size)
-        w = (cout, cin // groups, k, k)
+        w = (cout, cin // groups, *(k,) * nd)
     return (2, cin, *size), w, (2, cout, *out)
 
 
-ACLNN = [((7, 8), 5, 6, 3, 2, 1, False, 0, 1), ((5, 4), 4, 6, 3, 2, 1, True, 1, 2)]
+# (size, cin, cout, k, stride, pad, transposed, output_padding, groups): every grad_input and
+# grad_weight path of the operator (plain with stride phases and a padded kernel, transposed,
+# grouped with expanded packs, exact depthwise in NC*, 1-D and 3-D)
+ACLNN = {
+    "plain": ((7, 8), 5, 6, 3, 2, 1, False, 0, 1),
+    "transposed": ((5, 4), 4, 6, 3, 2, 1, True, 1, 2),
+    "grouped": ((6, 7), 8, 8, 3, 1, 1, False, 0, 4),
+    "depthwise_nc": ((6, 8), 3, 3, 3, 1, 1, False, 0, 3),
+    "conv1d": ((11,), 3, 4, 5, 2, 2, False, 0, 1),
+    "conv3d": ((4, 5, 4), 2, 3, 3, 1, 1, False, 0, 1),
+}
 
 
-# The aclnn operator multiplies its packs' zero padding like the TBE dx (a NaN / Inf weight
-# can reach grad_input positions its tap never reaches): skipping padded reads inside the
-# reductions made grad_weight 2.4x slower (conv1d dw 237 ms vs 99 ms) and was taken out.
-# (transposed, x is the operand that meets the other pack's padding, so only the plain case)
-@pytest.mark.parametrize("g", ACLNN[:1], ids=["plain"])
-@pytest.mark.parametrize("into", ["x"])
+# Every reduction of the operator multiplies its packs' zero padding (and a padded kernel's
+# zero taps) in; a NaN / Inf in any input switches the kernel to its exact twins
+# (dsl.ops.fallback), so it reaches exactly the outputs the math pairs it with.
+@pytest.mark.parametrize("into", ["x", "w", "dy"])
+@pytest.mark.parametrize("g", list(ACLNN.values()), ids=list(ACLNN))
 def test_aclnn_convolution_backward_nonfinite(g, into):
-    """NaN / Inf in x reaches exactly the grad_weight entries the math pairs it with."""
     size, cin, cout, k, stride, pad, transposed, opad, groups = g
+    nd = len(size)
     xs, ws, dys = _geometry(size, cin, cout, k, stride, pad, transposed, opad, groups)
     for value in VALUES:
         rng = np.random.default_rng(1)
         dy, x, w = (rng.uniform(-1, 1, s).astype(np.float32) for s in (dys, xs, ws))
-        t = w if into == "w" else x
+        t = {"w": w, "x": x, "dy": dy}[into]
         for pos in corners_and_middle(t.shape):
             t[pos] = value
-        out = dsl.aclnn.convolution_backward(dy, x, w, [cout], [stride] * 2, [pad] * 2, [1, 1],
-                                             transposed, [opad] * 2, groups, [True] * 3, 0)
-        ref = ref_cb(dy, x, w, (stride,) * 2, ((pad, pad),) * 2, (1, 1), transposed,
-                     (opad,) * 2, groups)
-        idx = 0 if into == "w" else 1
-        same_nonfinite(out[idx], ref[idx], f"aclnn {g} {into}={value} output {idx}")
+        out = dsl.aclnn.convolution_backward(dy, x, w, [cout], [stride] * nd, [pad] * nd,
+                                             [1] * nd, transposed, [opad] * nd, groups,
+                                             [True] * 3, 0)
+        ref = ref_cb(dy, x, w, (stride,) * nd, ((pad, pad),) * nd, (1,) * nd, transposed,
+                     (opad,) * nd, groups)
+        for idx, what in enumerate(("grad_input", "grad_weight", "grad_bias")):
+            same_nonfinite(out[idx], ref[idx], f"aclnn {g} {into}={value} {what}")
