@@ -35,6 +35,7 @@ import json
 
 from dsl.ops import tag
 from schedules import register
+from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.toolbox import (
     divisors,
     extents,
@@ -143,6 +144,7 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
         _split_k(sch, acc, cfg, outer, f, iw, (r1, r2, vec), cores)
     _elementwise(sch, out, lanes, cores)
     _elementwise(sch, pad, lanes, cores)
+    schedule_fallbacks(sch, workload, tag.DECONV_GRAD_FILTER, RULE)
 
 
 def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
@@ -169,6 +171,10 @@ def _vector_axis_last(sch, block, cfg, first: int) -> None:
     if cfg["mode"] != "ic":
         pos = first + ("g", "oc").index(cfg["mode"])
         sch.transform_layout(block, ("write", 0), lambda *i: (*i[:pos], *i[pos + 1:], i[pos]))
+        twin = twin_block(sch, block) if first == 0 else None
+        if twin is not None:  # the write-back takes its values at the same indices
+            sch.transform_layout(twin, ("write", 0),
+                                 lambda *i: (*i[:pos], *i[pos + 1:], i[pos]))
 
 
 def _micro_kernel(sch, block, tile, par, red, cores) -> None:

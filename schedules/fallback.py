@@ -4,6 +4,10 @@ The scans are small next to the operators (a weight, or one pass over dy or x): 
 with their lanes vectorised and their first axis across cores. The exact twins run only for a
 non-finite input (:mod:`dsl.runtime.run_if`): kept simple, every position but the innermost
 across cores, and separate from the fast tiles.
+
+A rule that changes the layout of a fast reduction's buffer (``transform_layout``) changes its
+twin's the same way (:func:`twin_block`): the readers take the twin's values at the indices
+they read the fast buffer at.
 """
 
 from __future__ import annotations
@@ -32,3 +36,11 @@ def schedule_fallbacks(sch, workload, op: str, rule: str) -> None:
         tb.parallel(sch, spatial[:-1] or spatial, cores)
         workload.note(sch.get(block).name_hint, rule,
                       "exact fallback, run only for a NaN / inf input: positions across cores")
+
+
+def twin_block(sch, block):
+    """The exact twin of the fast reduction ``block`` (:mod:`dsl.ops.fallback`), or None."""
+    ann = sch.get(block).annotations
+    if tag.EXACT_TWIN not in ann:
+        return None
+    return sch.get_sblock(str(ann[tag.EXACT_TWIN]))

@@ -47,7 +47,7 @@ from dsl.errors import (
     fail,
     te_shape,
 )
-from dsl.ops import tag
+from dsl.ops import fallback, tag
 from dsl.ops.conv_geometry import ConvAxis
 
 TAG = tag.DECONV_GRAD_FILTER
@@ -217,12 +217,23 @@ def deconv_grad_filter(dy, x, *, kernel, stride=1, pad=0, dilation=1, group=1):
     from tvm import te
 
     geo = _check_call(dy, x, kernel, stride, pad, dilation, group)
-    acc = _acc_stage(geo, _dy_pad_stage(geo, dy), x)
+    side = []
+    if _dy_padded(geo):  # the padding meets x: an exact twin for a NaN / inf in x
+        flag = fallback.nonfinite_flag(TAG, "dw_nonfinite", [x])
+        side = [flag, _acc_stage(geo, dy, x, flag=flag)]
+    acc = _acc_stage(geo, _dy_pad_stage(geo, dy), x, twin=side[1] if side else None)
     attrs = tag.kernel_attrs(TAG, geo.as_json(), {dy.op.name: "NHWC", x.op.name: "NHWC",
                                                   "dw": "GOHWI"})
     dtype = str(x.dtype)
-    return te.compute(geo.dw_shape, lambda *i: acc[i].astype(dtype), name="dw", tag=TAG,
-                      attrs=attrs)
+    dw = te.compute(geo.dw_shape, lambda *i: acc[i].astype(dtype), name="dw", tag=TAG,
+                    attrs=attrs)
+    return tag.with_side_stages(dw, side) if side else dw
+
+
+def _dy_padded(geo: DeconvGeometry) -> bool:
+    """Whether some tap reads dy_pad's zeros (a crop at the top / left or rows past dy)."""
+    return any(a.pad_before or a.tap_extent > a.pad_before + n
+               for a, n in zip(geo.axes(), (geo.out_h, geo.out_w)))
 
 
 def _check_call(dy, x, kernel, stride, pad, dilation, group) -> DeconvGeometry:
@@ -268,8 +279,13 @@ def _dy_pad_stage(geo: DeconvGeometry, dy):
                       tag=tag.stage(TAG, "dy_pad"))
 
 
-def _acc_stage(geo: DeconvGeometry, dyp, x):
-    """``acc``: the fp32 reduction over ``(b, ih, iw)``, ``[group, OCg, KH, KW, ICg]``."""
+def _acc_stage(geo: DeconvGeometry, dyp, x, flag=None, twin=None):
+    """``acc``: the fp32 reduction over ``(b, ih, iw)``, ``[group, OCg, KH, KW, ICg]``.
+
+    With ``flag`` its exact twin instead (:mod:`dsl.ops.fallback`): ``dyp`` is dy itself,
+    read only at real rows, so a NaN / inf in x never meets dy_pad's zeros; the ``acc`` made
+    with ``twin`` takes its values when ``flag`` is set."""
+    import tvm
     from tvm import te
 
     ah, aw = geo.axes()
@@ -279,8 +295,19 @@ def _acc_stage(geo: DeconvGeometry, dyp, x):
     rw = te.reduce_axis((0, geo.in_w), name="iw")
 
     def acc_body(g, oc, k_h, k_w, ic):
-        a = dyp[rb, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation,
-                g * ocg + oc]
-        return te.sum(a * x[rb, rh, rw, g * icg + ic].astype(ACC_DTYPE), axis=[rb, rh, rw])
+        p, q = rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation
+        xv = x[rb, rh, rw, g * icg + ic].astype(ACC_DTYPE)
+        if flag is None:
+            return te.sum(dyp[rb, p, q, g * ocg + oc] * xv, axis=[rb, rh, rw])
+        sp, sq = p - ah.pad_before, q - aw.pad_before
+        ok = tvm.tirx.all(sp >= 0, sp < geo.out_h, sq >= 0, sq < geo.out_w)
+        a = dyp[rb, te.max(te.min(sp, geo.out_h - 1), 0), te.max(te.min(sq, geo.out_w - 1), 0),
+                g * ocg + oc].astype(ACC_DTYPE)
+        return te.sum(te.if_then_else(ok, a * xv, tvm.tirx.const(0, ACC_DTYPE)),
+                      axis=[rb, rh, rw])
 
-    return te.compute(geo.dw_shape, acc_body, name="dw_acc", tag=tag.stage(TAG, "acc"))
+    if flag is not None:
+        return te.compute(geo.dw_shape, acc_body, name="dw_acc_exact",
+                          tag=tag.stage(TAG, "exact"), attrs=fallback.twin_attrs(flag))
+    return te.compute(geo.dw_shape, acc_body, name="dw_acc", tag=tag.stage(TAG, "acc"),
+                      attrs=fallback.fast_attrs(twin) if twin is not None else None)

@@ -91,7 +91,9 @@ def take_exact_twins(func):
                 if _dims(w.source) == _dims(exact):
                     swaps[w.source.name] = (exact, flag)
     if not swaps:
+        _check_wired(blocks, set())
         return func
+    wired: set = set()
 
     def visit(block):
         if EXACT_TWIN in block.annotations:
@@ -100,6 +102,7 @@ def take_exact_twins(func):
                   if r.source.name in swaps for twin, flag in [swaps[r.source.name]]]
         if not copies:
             return None
+        wired.update(swaps[r.source.name][0].name for r in block.reads if r.source.name in swaps)
         extra_reads = [tvm.ir.expr.TensorRegion(swaps[r.source.name][0], r.region, r.ty)
                        for r in block.reads if r.source.name in swaps]
         return _with_block(block, body=tvm.tirx.SeqStmt([*copies, block.body]),
@@ -107,7 +110,22 @@ def take_exact_twins(func):
                            writes=[*block.writes, *[r for r in block.reads
                                                     if r.source.name in swaps]])
 
-    return func.with_body(_rebuild(func.body, visit))
+    body = _rebuild(func.body, visit)
+    _check_wired(blocks, wired)
+    return func.with_body(body)
+
+
+def _check_wired(blocks, wired: set) -> None:
+    """Every exact twin must have a reader: a schedule that moved its fast stage's buffer to
+    another layout without the twin's would silently give back the fast (inexact) values."""
+    for b in blocks:
+        if RUN_IF in b.annotations and EXACT_TWIN not in b.annotations and any(
+                EXACT_TWIN in f.annotations and str(f.annotations[EXACT_TWIN]) == b.name_hint
+                for f in blocks) and _written(b).name not in wired:
+            raise NotImplementedError(
+                f"no block reads the fast stage of exact twin {b.name_hint} at its own "
+                "layout: transform the twin's buffer as the fast one's "
+                "(schedules.fallback.twin_block)")
 
 
 def _dims(buf) -> list[int]:

@@ -7,6 +7,7 @@ import pytest
 
 import dsl
 import dsl.api.aclnn
+from dsl import kernel_cache
 from dsl.ops.layout import fracz_to_weight
 
 from cases import C
@@ -188,3 +189,39 @@ def test_aclnn_convolution_backward_nonfinite(g, into):
                      (opad,) * nd, groups)
         for idx, what in enumerate(("grad_input", "grad_weight", "grad_bias")):
             same_nonfinite(out[idx], ref[idx], f"aclnn {g} {into}={value} {what}")
+
+
+# DeconvGradFilter multiplies dy_pad's zeros (the crop and the rows past dy) by x in its GEMM;
+# a NaN / Inf in x switches it to its exact twin, a NaN / Inf in dy meets only real x.
+DECONV = {"cropped_s2": ((2, 5, 6, 3), (2, 9, 11, 4), 3, 2, 1, 1, 1),
+          "grouped_dilated": ((1, 4, 4, 4), (1, 8, 9, 6), 3, 2, (2, 1), (1, 2), 2)}
+
+
+@pytest.mark.parametrize("into", ["x", "dy"])
+@pytest.mark.parametrize("g", list(DECONV.values()), ids=list(DECONV))
+def test_deconv_grad_filter_nonfinite(g, into):
+    from tvm import te
+
+    from dsl.ops.deconv_grad_filter import deconv_grad_filter
+
+    from reference import deconv_grad_filter as ref_deconv
+
+    x_shape, dy_shape, k, s, p, d, group = g
+    pair = [v if isinstance(v, tuple) else (v, v) for v in (k, s, p, d)]
+
+    def make():
+        dy = te.placeholder(dy_shape, "float32", name="dy")
+        x = te.placeholder(x_shape, "float32", name="x")
+        return [dy, x], [deconv_grad_filter(dy, x, kernel=k, stride=s, pad=p, dilation=d,
+                                            group=group)]
+
+    kernel = kernel_cache.get_kernel({"op": "nonfinite_deconv", "g": g}, make,
+                                     prefix="t_nf_deconv")
+    for value in VALUES:
+        rng = np.random.default_rng(2)
+        dy, x = (rng.uniform(-1, 1, sh).astype(np.float32) for sh in (dy_shape, x_shape))
+        t = x if into == "x" else dy
+        for pos in corners_and_middle(t.shape):
+            t[pos] = value
+        ref = ref_deconv(dy, x, *pair, group)
+        same_nonfinite(kernel(dy, x), ref, f"deconv {g} {into}={value}")
