@@ -32,10 +32,22 @@ def schedule_fallbacks(sch, workload, op: str, rule: str) -> None:
         else:
             workload.note(name, rule, "scan for NaN / inf: the flag")
     for block in workload.find_all(sch, tag.stage(op, "exact")):
-        spatial, _ = tb.split_loops(sch, block)
+        name = sch.get(block).name_hint  # decompose_reduction renames it
+        spatial, red = tb.split_loops(sch, block)
+        # the innermost axis (contiguous in the operands of every twin) in vector lanes
+        # inside the taps: plain vector code, which LLVM compiles fast (left to its own
+        # vectoriser, these loops doubled some kernels' build time)
+        lane = spatial[-1] if len(spatial) > 1 and red and tb.extent(sch, spatial[-1]) <= 64 \
+            else None
+        if lane is not None:
+            sch.reorder(*spatial[:-1], *red, lane)
+            sch.vectorize(lane)
         tb.parallel(sch, spatial[:-1] or spatial, cores)
-        workload.note(sch.get(block).name_hint, rule,
-                      "exact fallback, run only for a NaN / inf input: positions across cores")
+        if lane is not None:
+            sch.decompose_reduction(block, red[0])
+        workload.note(name, rule,
+                      "exact fallback, run only for a NaN / inf input: positions across cores"
+                      + (", the innermost in vector lanes" if lane is not None else ""))
 
 
 def twin_block(sch, block):
@@ -43,4 +55,5 @@ def twin_block(sch, block):
     ann = sch.get(block).annotations
     if tag.EXACT_TWIN not in ann:
         return None
-    return sch.get_sblock(str(ann[tag.EXACT_TWIN]))
+    name = str(ann[tag.EXACT_TWIN])
+    return next(b for b in tb.root_blocks(sch) if sch.get(b).name_hint in (name, f"{name}_update"))

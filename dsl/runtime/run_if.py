@@ -57,7 +57,7 @@ def guard_stages(func):
 
     root = func.body
     blocks = _blocks(root)
-    guards = {b.name_hint: str(b.annotations[RUN_IF]) for b in blocks if RUN_IF in b.annotations}
+    guards = _twins(blocks)
     if not guards or not isinstance(root, tvm.s_tir.SBlockRealize):
         return func
     buffers = _buffers(blocks)
@@ -77,16 +77,14 @@ def take_exact_twins(func):
     import tvm
 
     blocks = _blocks(func.body)
-    by_name = {b.name_hint: b for b in blocks}
     buffers = _buffers(blocks)
+    twins = _twins(blocks)
     # the buffer each fast stage writes (its local tile after cache_write) -> (twin, flag)
     swaps = {}
     for b in blocks:
-        twin = by_name.get(str(b.annotations[EXACT_TWIN])) if EXACT_TWIN in b.annotations \
-            else None
-        if twin is not None and RUN_IF in twin.annotations:
-            flag = buffers[str(twin.annotations[RUN_IF])]
-            exact = _written(twin)
+        name = str(b.annotations[EXACT_TWIN]) if EXACT_TWIN in b.annotations else None
+        if name in twins:
+            flag, exact = buffers[twins[name]], buffers[name]
             for w in b.writes:  # the stage's buffer or its cache, not an rfactor's partials
                 if _dims(w.source) == _dims(exact):
                     swaps[w.source.name] = (exact, flag)
@@ -118,14 +116,18 @@ def take_exact_twins(func):
 def _check_wired(blocks, wired: set) -> None:
     """Every exact twin must have a reader: a schedule that moved its fast stage's buffer to
     another layout without the twin's would silently give back the fast (inexact) values."""
-    for b in blocks:
-        if RUN_IF in b.annotations and EXACT_TWIN not in b.annotations and any(
-                EXACT_TWIN in f.annotations and str(f.annotations[EXACT_TWIN]) == b.name_hint
-                for f in blocks) and _written(b).name not in wired:
-            raise NotImplementedError(
-                f"no block reads the fast stage of exact twin {b.name_hint} at its own "
-                "layout: transform the twin's buffer as the fast one's "
-                "(schedules.fallback.twin_block)")
+    named = {str(b.annotations[EXACT_TWIN]) for b in blocks if EXACT_TWIN in b.annotations}
+    for name in sorted(named & set(_twins(blocks)) - wired):
+        raise NotImplementedError(
+            f"no block reads the fast stage of exact twin {name} at its own layout: transform "
+            "the twin's buffer as the fast one's (schedules.fallback.twin_block)")
+
+
+def _twins(blocks) -> dict:
+    """The buffer of each fallback stage -> the name of its flag (blocks are renamed by
+    ``decompose_reduction``; the buffers they write keep the stage's name)."""
+    return {_written(b).name: str(b.annotations[RUN_IF]) for b in blocks
+            if RUN_IF in b.annotations}
 
 
 def _dims(buf) -> list[int]:
@@ -159,17 +161,14 @@ def _flag_set(flag):
 
 
 def _guarded(stmt, guards: dict, buffers: dict):
-    """``stmt`` wrapped in its flag test when every block in it belongs to one guarded
-    stage; ``stmt`` unchanged otherwise."""
+    """``stmt`` wrapped in its flag test when every block in it writes one guarded stage's
+    buffer (its init and update); ``stmt`` unchanged otherwise."""
     import tvm
 
-    names = [b.name_hint for b in _blocks(stmt)]
-    owners = {g for g in guards if g in names}
-    if len(owners) != 1:
+    written = {_written(b).name for b in _blocks(stmt)}
+    if len(written) != 1 or not written <= set(guards):
         return stmt
-    (owner,) = owners
-    if not all(n == owner or n == f"{owner}_init" for n in names):
-        return stmt
+    (owner,) = written
     return tvm.tirx.IfThenElse(_flag_set(buffers[guards[owner]]), stmt, None)
 
 

@@ -73,7 +73,8 @@ def test_strided_1x1_dx_has_one_phase_block_and_local_accumulators():
     # fp32 dy that needs no padding is read in place, not copied
     # (the weight scan and the exact twin are the NaN / inf fallback, dsl.runtime.run_if)
     assert _names(sch) == ["dx_w_nonfinite_lanes0_init", "dx_w_nonfinite_lanes0_update",
-                           "dx_w_nonfinite", "dx_weight", "dx_exact_0_0", "dx_acc_0_0_init",
+                           "dx_w_nonfinite", "dx_weight", "dx_exact_0_0_init",
+                           "dx_exact_0_0_update", "dx_acc_0_0_init",
                            "dx_acc_0_0_update", "dx_acc_0_0_local", "dx"]
     script = sch.mod.script()
     assert "dx_acc_1_" not in script and "dx_acc_0_1" not in script  # no work for odd phases
