@@ -173,6 +173,26 @@ class Schedule:
                 "formats": json.loads(attrs.get("dsl_formats", "{}"))}
 
 
+def _check_reduce(op) -> None:
+    """Refuse a reduction with ``where=`` or ``init=``: TVM 0.27's ``te.create_prim_func``
+    drops both without a word, so ``te.sum(x, axis=k, where=k < i)`` would sum every term."""
+    import tvm
+
+    for expr in getattr(op, "body", ()):
+        if not isinstance(expr, tvm.tirx.Reduce):
+            continue
+        cond = expr.condition
+        if not (isinstance(cond, tvm.tirx.IntImm) and int(cond) == 1):
+            raise fail(E_VALUE, f"stage '{op.name}'", str(cond),
+                       "is a reduction with where=, which TVM 0.27 drops when it builds the "
+                       "kernel (every term would be summed): put the condition in the term, "
+                       "te.sum(te.if_then_else(cond, value, 0), axis=...)")
+        if len(expr.init):
+            raise fail(E_VALUE, f"stage '{op.name}'", [str(v) for v in expr.init],
+                       "is a reduction with init=, which TVM 0.27 drops when it builds the "
+                       "kernel: add the initial value in a stage after the reduction")
+
+
 class _WideFuse:
     """An s_tir schedule whose ``fuse`` works on loops of 2**31 iterations or more.
 
@@ -226,6 +246,8 @@ def auto_schedule(res, target=None) -> Schedule:
     outs = _as_list(res)
     tgt = target_get(target) if target is not None else targets.current()
     _, computes = walk(outs)
+    for op in computes:
+        _check_reduce(op)
     anchor = find_anchor(list(reversed(computes)), tgt)
     tag = anchor.tag if anchor is not None else outs[0].op.tag
     name, _ = lookup(tag, tgt)

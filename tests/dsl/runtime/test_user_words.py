@@ -70,3 +70,18 @@ def test_calculate_group_called_directly_names_its_own_parameters():
     with pytest.raises(dsl.DslError) as e:
         dsl.calculate_group((1, 32, 4, 4), (1, 30, 4, 4), (32, 4, 3, 3), 8)
     assert e.value.param == "input_size_nchw[1]" and "w_shape_nchw" in e.value.rule
+
+
+@pytest.mark.parametrize("kind", ["where", "init"])
+def test_reduction_with_where_or_init_is_refused(kind):
+    """TVM 0.27's create_prim_func drops a Reduce's condition and init without a word; a user
+    kernel using them would compute another sum, so auto_schedule refuses them by name."""
+    from tvm import te
+
+    a = te.placeholder((8,), name="a")
+    k = te.reduce_axis((0, 8), name="k")
+    extra = {"where": k < 4} if kind == "where" else {"init": a[0]}
+    b = te.compute((8,), lambda i: te.sum(a[k], axis=k, **extra), name="b")
+    with pytest.raises(dsl.DslError) as info:
+        dsl.auto_schedule(b)
+    assert "stage 'b'" in info.value.param and f"{kind}=" in str(info.value)
