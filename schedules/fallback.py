@@ -35,8 +35,7 @@ def schedule_fallbacks(sch, workload, op: str, rule: str) -> None:
         name = sch.get(block).name_hint  # decompose_reduction renames it
         spatial, red = tb.split_loops(sch, block)
         # the innermost axis (contiguous in the operands of every twin) in vector lanes
-        # inside the taps: plain vector code, which LLVM compiles fast (left to its own
-        # vectoriser, these loops doubled some kernels' build time)
+        # inside the taps: explicit vector code rather than loops left to LLVM's vectoriser
         lane = spatial[-1] if len(spatial) > 1 and red and tb.extent(sch, spatial[-1]) <= 64 \
             else None
         if lane is not None:

@@ -58,7 +58,7 @@ from dsl.errors import (
     te_shape,
 )
 from dsl.ops import tag
-from dsl.ops.conv_geometry import ConvAxis
+from dsl.ops.conv_geometry import ConvAxis, clamp_index
 from dsl.ops.group import C0, GroupLayout, calculate_group
 from dsl.ops.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute, te_all
 from dsl.ops.para_dict import Conv2dPara, parse_conv2d_para
@@ -232,8 +232,7 @@ def x_stage(p: Plan, input_x):
         def xq_body(b, ci, hp, wp):
             src_h, src_w = hp - ah.pad_before, wp - aw.pad_before
             ok = tvm.tirx.all(src_h >= 0, src_h < h, src_w >= 0, src_w < w)
-            val = input_x[b, ci // C0, te.max(te.min(src_h, h - 1), 0),
-                          te.max(te.min(src_w, w - 1), 0), ci % C0]
+            val = input_x[b, ci // C0, clamp_index(src_h, h), clamp_index(src_w, w), ci % C0]
             return te.if_then_else(ok, val.astype(acc), tvm.tirx.const(0, acc))
 
         return te.compute((p.n, p.cin, ah.x_padded_size, aw.x_padded_size), xq_body,

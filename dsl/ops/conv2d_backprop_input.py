@@ -67,7 +67,7 @@ from dsl.errors import (
     te_shape,
 )
 from dsl.ops import fallback, tag
-from dsl.ops.conv_geometry import ConvAxis
+from dsl.ops.conv_geometry import ConvAxis, clamp_index
 from dsl.ops.group import C0, C0_INT8, GroupLayout, Int8DxLayout, calculate_group, check_group_dict
 from dsl.ops.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute
 from dsl.ops.para_dict import Conv2dPara, check_offset_x, parse_conv2d_para
@@ -105,13 +105,15 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     p = plan(filters, out_backprop, filter_sizes, input_sizes, para_dict)
     dyp = dy_stage(p, out_backprop)
     wt = weight_stage(p, filters)
-    accs = {(ph, pw): phase_acc(p, dyp, wt, ph, pw) for ph in range(len(p.phases_h))
-            for pw in range(len(p.phases_w)) if p.phases_h[ph][2] and p.phases_w[pw][2]}
-    has_twins = p.acc_dtype != "int32" and bool(accs)  # integers are always finite
+    phases = [(ph, pw) for ph in range(len(p.phases_h)) for pw in range(len(p.phases_w))
+              if p.phases_h[ph][2] and p.phases_w[pw][2]]
+    has_twins = p.acc_dtype != "int32" and bool(phases)  # integers are always finite
     if has_twins:
         flag = fallback.nonfinite_flag(TAG, "dx_w_nonfinite", [filters])
-        exact = [phase_acc(p, dyp, wt, *k, flag=flag) for k in accs]
-        accs = {k: phase_acc(p, dyp, wt, *k, twin=e) for k, e in zip(accs, exact)}
+        exact = [phase_acc(p, dyp, wt, *k, flag=flag) for k in phases]
+        accs = {k: phase_acc(p, dyp, wt, *k, twin=e) for k, e in zip(phases, exact)}
+    else:
+        accs = {k: phase_acc(p, dyp, wt, *k) for k in phases}
     dx = interleave(p, accs, _attrs(p, filters, out_backprop),
                     wsum_stage(p, wt) if p.offset_x else None)
     return tag.with_side_stages(dx, [flag, *exact]) if has_twins else dx
@@ -328,8 +330,8 @@ def _padded_dy(p: Plan, dy, b, ch, hp, wp):
 
     ah, aw, c0y = p.ah, p.aw, p.c0y
     src_h, src_w = hp - p.pad_h, wp - p.pad_w
-    val = dy[b, ch // c0y, te.max(te.min(src_h, ah.n_out - 1), 0),
-             te.max(te.min(src_w, aw.n_out - 1), 0), ch % c0y].astype(p.acc_dtype)
+    val = dy[b, ch // c0y, clamp_index(src_h, ah.n_out), clamp_index(src_w, aw.n_out),
+             ch % c0y].astype(p.acc_dtype)
     if p.offset_x:
         val = val - tvm.tirx.const(p.offset_x, p.acc_dtype)
     ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)

@@ -142,3 +142,11 @@ class ConvAxis:
         row = (t - k * d) // s + self.dy_pad_before
         cond = None if gsd == 1 else (t % gsd == 0)
         return k, row, cond
+
+
+def clamp_index(i, n: int):
+    """Index ``i`` (a TE expression) clamped into ``[0, n)``: a read of padding that a select
+    discards still stays in bounds (a vectorised select may evaluate both arms)."""
+    from tvm import te
+
+    return te.max(te.min(i, n - 1), 0)

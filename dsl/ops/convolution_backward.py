@@ -150,7 +150,7 @@ from dsl.errors import (
     te_shape,
 )
 from dsl.ops import fallback, tag
-from dsl.ops.conv_geometry import ConvAxis
+from dsl.ops.conv_geometry import ConvAxis, clamp_index
 
 TAG = tag.CONVOLUTION_BACKWARD
 ACC_DTYPE = "float32"
@@ -722,7 +722,7 @@ def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: tuple[int, ...], sour
                 conds.append(s_ < n_valid)
         ok = _all(conds)
         if ok is not None:  # clamp so the guarded-off read stays in bounds
-            src = [te.max(te.min(s_, n_valid - 1), 0) for s_, n_valid in zip(src, valid)]
+            src = [clamp_index(s_, n_valid) for s_, n_valid in zip(src, valid)]
         return _guard(ok, _operand(t[(b, c, *src)], dtype, cmt, p.acc_dtype), p.acc_dtype)
 
     shape = (*channels, *sizes) if channels_first else (*sizes, *channels)
@@ -775,7 +775,7 @@ def _grad_input_nc(p: Plan, yp, grad_output, weight, attrs, fb):
             taps = [a.dx_taps(ii, j) for ii, j, a in zip(i, jr, axes)]
             w = _operand(weight[(c, 0, *(k for k, _, _ in taps))], w_dtype, cmt, p.acc_dtype)
             if exact:
-                rows = [_clamp(row - a.dy_pad_before, a.n_out) for (_, row, _), a in
+                rows = [clamp_index(row - a.dy_pad_before, a.n_out) for (_, row, _), a in
                         zip(taps, axes)]
                 y = _operand(grad_output[(b, c, *rows)], str(grad_output.dtype), cmt,
                              p.acc_dtype)
@@ -806,7 +806,7 @@ def _grad_weight_nc(p: Plan, grad_output, xp, input, attrs, fb):  # noqa: A002
             dy = _operand(grad_output[(rn, c, *orr)], go_dtype, cmt, p.acc_dtype)
             xpos = [oo + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
             if exact:
-                src = [_clamp(q - a.pad_before, a.n_in) for q, a in zip(xpos, axes)]
+                src = [clamp_index(q - a.pad_before, a.n_in) for q, a in zip(xpos, axes)]
                 x = _operand(input[(rn, c, *src)], str(input.dtype), cmt, p.acc_dtype)
                 return te.sum(_guard(_real_x(p, xpos), dy * x, p.acc_dtype), axis=[rn, *orr])
             return te.sum(dy * xp[(rn, c, *xpos)], axis=[rn, *orr])
@@ -820,13 +820,6 @@ def _grad_weight_nc(p: Plan, grad_output, xp, input, attrs, fb):  # noqa: A002
 
 
 # --- the exact twins' tests ----------------------------------------------------------------
-
-def _clamp(i, n: int):
-    """``i`` clamped into ``[0, n)``: a guarded-off read stays in bounds."""
-    from tvm import te
-
-    return te.max(te.min(i, n - 1), 0)
-
 
 def _real_x(p: Plan, pos):
     """Row ``pos`` (per axis) of the x pack holds a real x element, not padding."""

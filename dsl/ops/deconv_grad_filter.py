@@ -48,7 +48,7 @@ from dsl.errors import (
     te_shape,
 )
 from dsl.ops import fallback, tag
-from dsl.ops.conv_geometry import ConvAxis
+from dsl.ops.conv_geometry import ConvAxis, clamp_index
 
 TAG = tag.DECONV_GRAD_FILTER
 ACC_DTYPE = "float32"
@@ -301,13 +301,13 @@ def _acc_stage(geo: DeconvGeometry, dyp, x, flag=None, twin=None):
             return te.sum(dyp[rb, p, q, g * ocg + oc] * xv, axis=[rb, rh, rw])
         sp, sq = p - ah.pad_before, q - aw.pad_before
         ok = tvm.tirx.all(sp >= 0, sp < geo.out_h, sq >= 0, sq < geo.out_w)
-        a = dyp[rb, te.max(te.min(sp, geo.out_h - 1), 0), te.max(te.min(sq, geo.out_w - 1), 0),
+        a = dyp[rb, clamp_index(sp, geo.out_h), clamp_index(sq, geo.out_w),
                 g * ocg + oc].astype(ACC_DTYPE)
         return te.sum(te.if_then_else(ok, a * xv, tvm.tirx.const(0, ACC_DTYPE)),
                       axis=[rb, rh, rw])
 
     if flag is not None:
         return te.compute(geo.dw_shape, acc_body, name="dw_acc_exact",
-                          tag=tag.stage(TAG, "exact"), attrs=fallback.twin_attrs(flag))
+                          tag=tag.DECONV_EXACT, attrs=fallback.twin_attrs(flag))
     return te.compute(geo.dw_shape, acc_body, name="dw_acc", tag=tag.stage(TAG, "acc"),
                       attrs=fallback.fast_attrs(twin) if twin is not None else None)

@@ -59,6 +59,8 @@ POOL_SCALE = "avg_pool2d_backward.scale"
 POOL_ACC = "avg_pool2d_backward.acc"
 DECONV_DY_PAD = "deconv_grad_filter.dy_pad"
 DECONV_ACC = "deconv_grad_filter.acc"
+DECONV_NONFINITE = "deconv_grad_filter.nonfinite"  # the scan of x (dsl.ops.fallback)
+DECONV_EXACT = "deconv_grad_filter.exact"  # acc with dy's padding never multiplied in
 # Block annotation of a fallback stage: the name of the flag stage whose one element must be
 # non-zero for the stage to run (see dsl.runtime.run_if).
 RUN_IF = "dsl_run_if"

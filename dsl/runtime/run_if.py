@@ -10,13 +10,15 @@ stage that reads a second computed buffer). The kernel wires them in after sched
 
 * :func:`side_outputs_to_buffers` (from ``Schedule.prim_func``): the side stages are built as
   extra outputs, then become buffers of the kernel, so the arguments are the user's;
-* :func:`guard_stages` (from :func:`dsl.runtime.build.lower`): a top-level loop nest made only
-  of a stage annotated ``tag.RUN_IF: "<flag>"`` runs inside ``if flag[0] != 0``;
+* :func:`guard_stages` (from :func:`dsl.runtime.build.lower`): a top-level loop nest whose
+  blocks all write the buffer of one stage annotated ``tag.RUN_IF: "<flag>"`` runs inside
+  ``if flag[0] != 0`` (stages are found by the buffers they write: ``decompose_reduction``
+  renames blocks);
 * :func:`take_exact_twins` (also from ``lower``): every block that reads the buffer written
   by a stage annotated ``tag.EXACT_TWIN: "<twin>"`` (its register tile's write-back) first
   copies the twin's value there when the twin's flag is set.
 
-With the flag clear the cost is the weight scan and one load and branch per write-back.
+With the flag clear the cost is the scan and one load and branch per element written back.
 A kernel compiled without ``lower`` (a test's own ``tvm.compile``) computes the twins always
 and never reads them: the fast results, slower. TE has no conditional stage and TVM 0.27 has
 no TIR mutator in Python, hence these small rewrites of the root block.
@@ -51,8 +53,8 @@ def wire_fallbacks(func):
 
 
 def guard_stages(func):
-    """``func`` with each top-level loop nest made only of :data:`RUN_IF` stages (and their
-    ``_init`` blocks) wrapped in ``if flag[0] != 0``."""
+    """``func`` with each top-level loop nest that computes one :data:`RUN_IF` stage (its init
+    and update) wrapped in ``if flag[0] != 0``."""
     import tvm
 
     root = func.body
@@ -96,17 +98,15 @@ def take_exact_twins(func):
     def visit(block):
         if EXACT_TWIN in block.annotations:
             return None  # the fast stage itself (its update reads its own buffer)
-        copies = [_copy_if(flag, r, twin) for r in block.reads
-                  if r.source.name in swaps for twin, flag in [swaps[r.source.name]]]
-        if not copies:
+        hits = [(r, *swaps[r.source.name]) for r in block.reads if r.source.name in swaps]
+        if not hits:
             return None
-        wired.update(swaps[r.source.name][0].name for r in block.reads if r.source.name in swaps)
-        extra_reads = [tvm.ir.expr.TensorRegion(swaps[r.source.name][0], r.region, r.ty)
-                       for r in block.reads if r.source.name in swaps]
-        return _with_block(block, body=tvm.tirx.SeqStmt([*copies, block.body]),
-                           reads=[*block.reads, *extra_reads],
-                           writes=[*block.writes, *[r for r in block.reads
-                                                    if r.source.name in swaps]])
+        wired.update(twin.name for _, twin, _ in hits)
+        return _with_block(
+            block, body=tvm.tirx.SeqStmt([*(_copy_if(f, r, t) for r, t, f in hits), block.body]),
+            reads=[*block.reads, *(tvm.ir.expr.TensorRegion(t, r.region, r.ty)
+                                   for r, t, _ in hits)],
+            writes=[*block.writes, *(r for r, _, _ in hits)])
 
     body = _rebuild(func.body, visit)
     _check_wired(blocks, wired)
