@@ -69,8 +69,10 @@ def dx_acc_tiles(sch, block, target):
             # accumulators + every dy vector of the tile's row of taps + a weight per tap
             taps = tb.extent(sch, red[1])
             return (c * t + (t + taps - 1) + taps) * n_vec <= regs
-        # accumulators + one broadcast dy per position + the weight rows of the tile
-        return c * t * n_vec + t + c * n_vec <= regs
+        # accumulators + the weight rows of the tile + two broadcast dy (LLVM broadcasts
+        # one position at a time, the next one's load overlapping)
+        accs = c * t * n_vec
+        return accs <= tb.accumulator_registers(target) and accs + c * n_vec + 2 <= regs
 
     spatial, red = tb.split_loops(sch, block)
     per_lane = len(red) == 3  # grouped: [jh, jw, co], dy loaded as vectors
@@ -81,7 +83,11 @@ def dx_acc_tiles(sch, block, target):
         cx1_t = 1
     else:
         cx1_t = 2 if c1x % 2 == 0 and fits(2, 4) else 1
-    tw = tb.tile_factor(wq, max(t for t in range(1, regs) if t == 1 or fits(cx1_t, t)))
+    limit = max(t for t in range(1, regs) if t == 1 or fits(cx1_t, t))
+    if per_lane:
+        tw = tb.tile_factor(wq, limit)
+    else:
+        tw = tb.chain_tile(wq, limit, cx1_t * n_vec, target.fma_chains())
     return tb.register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw},
                             par=[0, 1, 2], serial=[3], red_inner=(red[1],) if per_lane else ())
 

@@ -27,6 +27,28 @@ def test_divisor_policies(n):
         assert n % t == 0 or t == min(n, cap)  # a ragged tail only at the full limit
 
 
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("limit", [4, 6, 12])
+def test_chain_tile_keeps_enough_accumulators(n, limit):
+    t = tb.chain_tile(n, limit, 2, 8)
+    assert 1 <= t <= min(n, limit)
+    if n <= limit:
+        assert t == n
+    elif n % t == 0:  # an exact tile is taken only with enough chains
+        assert 2 * t >= limit and 2 * t >= 8 or n < 2 * limit
+    else:
+        assert t == limit or (n < 2 * limit and t == -(-n // 2))
+
+
+def test_chain_tile_examples():
+    # 14 positions, 6 fit: 2 (4 accumulators) would stall, so 6 with a tail of 2
+    assert tb.chain_tile(14, 6, 2, 8) == 6
+    assert tb.chain_tile(56, 6, 2, 8) == 4  # exact, 8 accumulators
+    assert tb.chain_tile(7, 6, 2, 8) == 4  # two balanced tiles, not 6 + 1
+    assert tb.chain_tile(20, 6, 2, 8) == 5
+    assert tb.chain_tile(5, 6, 2, 8) == 5
+
+
 @pytest.mark.parametrize("lanes", [4, 8, 16])
 @pytest.mark.parametrize("n", SIZES)
 def test_vector_factor_policies(n, lanes):
