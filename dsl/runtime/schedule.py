@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -96,14 +97,22 @@ class Schedule:
     # (block, rule, why) for each block the last :meth:`s_tir` scheduled (fusion included).
     decisions: list | None = None
 
-    def default_tensor_list(self) -> list:
+    @functools.cached_property
+    def _graph(self) -> tuple[list, list, list]:
+        """``(placeholders, side stages, computes)`` of the kernel (:func:`walk`,
+        :func:`side_first`), walked once per Schedule: ``workload``, ``index_dtype`` and
+        ``prim_func`` all read them on every build."""
         placeholders, _ = walk(self.outputs)
-        return [*placeholders, *self.outputs]
+        side, computes = side_first(self.outputs)
+        return placeholders, side, computes
+
+    def default_tensor_list(self) -> list:
+        return [*self._graph[0], *self.outputs]
 
     def workload(self):
         from schedules import Workload
 
-        _, computes = side_first(self.outputs)
+        _, _, computes = self._graph
         stages: dict[str, list[str]] = {}
         for op, name in zip(computes, block_names(computes)):
             if op.tag:
@@ -118,8 +127,7 @@ class Schedule:
     def index_dtype(self) -> str:
         """``"int64"`` when some tensor of the kernel (argument or stage) has at least
         :data:`INT64_INDEX_FROM` elements, else ``"int32"`` (TVM's default, faster)."""
-        placeholders, _ = walk(self.outputs)
-        _, computes = side_first(self.outputs)
+        placeholders, _, computes = self._graph
         shapes = [t.shape for t in placeholders]
         shapes += [op.output(k).shape for op in computes for k in range(op.num_outputs)]
         big = any(math.prod(int(d) for d in s) >= INT64_INDEX_FROM for s in shapes)
@@ -133,7 +141,7 @@ class Schedule:
         from dsl.runtime.run_if import side_outputs_to_buffers
 
         args = list(tensor_list or self.default_tensor_list())
-        side, _ = side_first(self.outputs)
+        _, side, _ = self._graph
         n_in = next((i for i, t in enumerate(args)
                      if not isinstance(t.op, te.PlaceholderOp)), len(args))
         # the side stages listed before the outputs, so their blocks come first
