@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from dsl.ops import tag
 from dsl.ops.convolution_backward import NC_ROW
 from schedules import register
-from schedules.fallback import schedule_fallbacks
+from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
     accumulator_registers,
@@ -218,12 +218,17 @@ def pack_dw_operands(sch, block, tile: Tile) -> list[str]:
     from tvm.tirx import IndexMap
 
     done = []
+    # the exact twin reads the packs too, at the same indices rewritten with them; its speed
+    # does not matter (it runs only for a NaN / inf input)
+    twin = twin_block(sch, block)
+    ours = {sch.get(b).name_hint for b in (block, twin) if b is not None}
     for i, r in enumerate(sch.get(block).reads):
         name = r.source.name
         width = {"cb_y_pack": tile.rf, "cb_x_pack": tile.vf}.get(name, 1)
         producer = next((b for b in sch.get_producers(block)
                          if sch.get(b).name_hint == name), None)
-        if width == 1 or producer is None or len(sch.get_consumers(producer)) != 1:
+        if width == 1 or producer is None or any(
+                sch.get(c).name_hint not in ours for c in sch.get_consumers(producer)):
             continue
         nd = len(r.source.shape)
         sch.transform_layout(block, ("read", i), IndexMap.from_func(
