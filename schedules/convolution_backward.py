@@ -214,7 +214,8 @@ def pack_dw_operands(sch, block, tile: Tile) -> list[str]:
     """Lay the dw operands out as GotoBLAS panels: ``y_pack`` as ``[Cy // rf, .., rf]`` and
     ``x_pack`` as ``[Cx // vf, .., vf]``, so one reduction step of a register tile reads
     ``rf`` adjacent scalars and one ``vf``-wide row, and a chunk streams contiguous memory.
-    Only a pack dw alone reads (dx reads ``y_pack`` row-wise). Returns the packs re-laid."""
+    Only a pack that dw and its exact twin alone read (dx reads ``y_pack`` row-wise).
+    Returns the packs re-laid."""
     from tvm.tirx import IndexMap
 
     done = []
