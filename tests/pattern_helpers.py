@@ -42,3 +42,39 @@ def check(out, ref, dtype, what=""):
     scale = max(1.0, float(np.abs(ref).max()) if ref.size else 0.0)
     err = float(np.abs(out - ref).max()) if ref.size else 0.0
     assert err / scale <= TOL[dtype], f"{what}: max err {err:.3g} (scale {scale:.3g})"
+
+
+def softmax_graph(x, shape, dtype):
+    """Softmax over the last axis of ``x``, written as a user would (max, exp, sum, divide)."""
+    from tvm import te
+
+    lead = shape[:-1]
+    k = te.reduce_axis((0, shape[-1]), name="k")
+    mx = te.compute(lead, lambda *i: te.max(x(*i, k), axis=k), name="mx")
+    e = te.compute(shape, lambda *i: te.exp(x(*i) - mx(*i[:-1])), name="e")
+    k2 = te.reduce_axis((0, shape[-1]), name="k2")
+    s = te.compute(lead, lambda *i: te.sum(e(*i, k2), axis=k2), name="s")
+    return te.compute(shape, lambda *i: e(*i) / s(*i[:-1]), name="y")
+
+
+def norm_graph(x, shape, dtype, rms: bool):
+    """``(gamma, y)``: layer-norm (or RMS-norm) over the last axis of ``x``, scaled by ``gamma``."""
+    from tvm import te
+
+    n = shape[-1]
+    lead = shape[:-1]
+    gamma = te.placeholder((n,), name="gamma", dtype=dtype)
+    k = te.reduce_axis((0, n), name="k")
+    if rms:
+        ss = te.compute(lead, lambda *i: te.sum(x(*i, k) * x(*i, k), axis=k), name="ss")
+        y = te.compute(shape, lambda *i: x(*i) / te.sqrt(ss(*i[:-1]) / n + 1e-5) * gamma(i[-1]),
+                       name="y")
+        return gamma, y
+    s = te.compute(lead, lambda *i: te.sum(x(*i, k), axis=k), name="s")
+    mean = te.compute(lead, lambda *i: s(*i) / n, name="mean")
+    d = te.compute(shape, lambda *i: x(*i) - mean(*i[:-1]), name="d")
+    k2 = te.reduce_axis((0, n), name="k2")
+    var = te.compute(lead, lambda *i: te.sum(d(*i, k2) * d(*i, k2), axis=k2), name="var")
+    y = te.compute(shape, lambda *i: d(*i) / te.sqrt(var(*i[:-1]) / n + 1e-5) * gamma(i[-1]),
+                   name="y")
+    return gamma, y

@@ -101,7 +101,7 @@ def _match_row_group(facts, name, outputs):
 
 
 def _apply_row_group(sch, names, facts, target):
-    reduction.schedule_row_group(sch, names[-1], names[:-1], facts, target)
+    return reduction.schedule_row_group(sch, names[-1], names[:-1], facts, target)
 
 
 def _match_reduction(where):

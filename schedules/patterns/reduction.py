@@ -3,7 +3,9 @@
 * A *row group* (softmax, layer-norm, RMS-norm): reductions over the innermost axes whose
   outputs an injective output stage reads per row. The output's row loops run across cores
   and every reduction is computed at the row (``compute_at``), so a row is read from cache
-  by the second pass, not from memory.
+  by the second pass, not from memory. When the data exceeds the L2, a later pass
+  prefetches the next row (:mod:`schedules.patterns.prefetch`), so memory traffic overlaps
+  the arithmetic instead of taking turns with it.
 * A reduction over the innermost (contiguous) axis is vectorised by ``rfactor``: the axis
   splits into ``[ko, ki]`` with ``ki`` a few vectors wide, ``ki`` becomes a spatial axis of a
   partial-result stage that is vectorised (independent vector accumulators), and a short
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+from schedules.patterns import prefetch
 from schedules.patterns.common import extent, product, vector_width, vectorize_tail
 
 UNROLL_VECTORS = 4  # independent accumulators: hides the add latency (3-4 cycles)
@@ -71,8 +74,9 @@ def _row_prefix(sch, out_loops, red_facts) -> int:
     return n_lead
 
 
-def schedule_row_group(sch, out_name: str, red_names: list, facts: dict, target) -> None:
-    """A normalisation: reductions computed per row, inside the output's parallel row loop."""
+def schedule_row_group(sch, out_name: str, red_names: list, facts: dict, target) -> str:
+    """A normalisation: reductions computed per row, inside the output's parallel row loop.
+    Returns the prefetch note for ``dsl.explain`` ("" when none was added)."""
     blk = sch.get_sblock(out_name)
     loops = sch.get_loops(blk)
     n_lead = _row_prefix(sch, loops, [facts[r] for r in red_names])
@@ -97,6 +101,61 @@ def schedule_row_group(sch, out_name: str, red_names: list, facts: dict, target)
             inner = sch.get_loops(sch.get_sblock(r))
             vectorize_tail(sch, [lp for lp in inner[1:] if extent(sch, lp) > 1][-1:], target,
                            facts[r].out_dtype)
+    passes = {r: rfs[r] if rfs[r] is not None else sch.get_sblock(r) for r in red_names}
+    passes[out_name] = sch.get_sblock(out_name)
+    rowwise = _rowwise_inputs(list(passes), facts, n_lead)
+    return _prefetch_rows(sch, row, rowwise, passes, target)
+
+
+def _rowwise_inputs(names: list, facts: dict, n_lead: int) -> set[str]:
+    """Buffers every stage of ``names`` reads row by row: their leading ``n_lead`` indices
+    are the stage's leading iterators (the rows), in order."""
+    ok, bad = set(), set()
+    for name in names:
+        f = facts[name]
+        for acc in f.reads:
+            lead = [str(ix) for ix in acc.indices[:n_lead]]
+            (ok if len(acc.indices) > n_lead and lead == f.spatial[:n_lead] else bad).add(
+                acc.buffer)
+    return ok - bad
+
+
+def _prefetch_rows(sch, row, rowwise: set, passes: dict, target) -> str:
+    """Overlap the row group's memory traffic with its arithmetic (:mod:`.prefetch`): in the
+    first pass after the one that streams the row in, prefetch the next row of every input
+    and the output's current row. Only when the data exceeds the cores' L2 (else it is
+    cached already) and a row fits in half an L2 (else the prefetched row is evicted first).
+    Returns the note for ``dsl.explain``."""
+    rows = extent(sch, row)
+    params = [p for func in sch.mod.functions.values() for p in func.params]
+    bufs = {}
+    for blk in passes.values():
+        for region in sch.get(blk).reads:
+            buf = region.source
+            if buf.name in rowwise and any(buf.same_as(p) for p in params):
+                bufs[buf.name] = buf
+    out_name = list(passes)[-1]
+    out = sch.get(passes[out_name]).writes[0].source
+    row_bytes = {n: _bytes(b) // rows for n, b in {**bufs, out.name: out}.items()}
+    total = sum(row_bytes.values()) * rows
+    if (not bufs or total <= target.cores * target.l2_kib * 1024
+            or sum(row_bytes.values()) > target.l2_kib * 1024 // 2):
+        return ""
+    host = next(((name, lps) for name, blk in list(passes.items())[1:]
+                 if (lps := prefetch.host_loops(sch, blk, row))), None)
+    if host is None:
+        return ""
+    reads = [(b, row_bytes[n] // prefetch.dtype_bytes(b.dtype)) for n, b in bufs.items()]
+    writes = ([] if host[0] == out_name else
+              [(out, row_bytes[out.name] // prefetch.dtype_bytes(out.dtype))])
+    prefetch.prefetch_next_rows(sch, host[1], row, reads, writes)
+    what = " and the output's row for writing" if writes else ""
+    return (f"the next row of {sorted(bufs)}{what} prefetched during "
+            f"{host[0]}'s pass (memory overlaps the arithmetic)")
+
+
+def _bytes(buf) -> int:
+    return product(buf.shape) * prefetch.dtype_bytes(buf.dtype)
 
 
 def schedule_inner_reduction(sch, name: str, facts: dict, target) -> None:

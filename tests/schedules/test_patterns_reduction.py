@@ -5,20 +5,10 @@ fused consumer, against numpy float64."""
 
 import numpy as np
 import pytest
-from pattern_helpers import build_run, check, rand
+from pattern_helpers import build_run, check, norm_graph, rand, softmax_graph
 from tvm import te
 
 ROWS = [(7, 131), (3, 5, 256), (2, 3, 5, 97), (2, 1, 3, 4, 64), (1, 13)]
-
-
-def softmax(x, shape, dtype):
-    lead = shape[:-1]
-    k = te.reduce_axis((0, shape[-1]), name="k")
-    mx = te.compute(lead, lambda *i: te.max(x(*i, k), axis=k), name="mx")
-    e = te.compute(shape, lambda *i: te.exp(x(*i) - mx(*i[:-1])), name="e")
-    k2 = te.reduce_axis((0, shape[-1]), name="k2")
-    s = te.compute(lead, lambda *i: te.sum(e(*i, k2), axis=k2), name="s")
-    return te.compute(shape, lambda *i: e(*i) / s(*i[:-1]), name="y")
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
@@ -27,7 +17,7 @@ def test_softmax_row_group(shape, dtype):
     rng = np.random.default_rng(1)
     x = te.placeholder(shape, name="x", dtype=dtype)
     xn = rand(shape, dtype, rng, -4, 4)
-    (out,), why = build_run([softmax(x, shape, dtype)], [x], [xn])
+    (out,), why = build_run([softmax_graph(x, shape, dtype)], [x], [xn])
     x64 = xn.astype(np.float64)
     ref = np.exp(x64 - x64.max(-1, keepdims=True))
     check(out, ref / ref.sum(-1, keepdims=True), dtype, "softmax")
@@ -36,33 +26,13 @@ def test_softmax_row_group(shape, dtype):
     assert why.rule_of("e") == "patterns.row_reduction"  # exp computed once per row
 
 
-def _norm(x, shape, dtype, rms: bool):
-    n = shape[-1]
-    lead = shape[:-1]
-    gamma = te.placeholder((n,), name="gamma", dtype=dtype)
-    k = te.reduce_axis((0, n), name="k")
-    if rms:
-        ss = te.compute(lead, lambda *i: te.sum(x(*i, k) * x(*i, k), axis=k), name="ss")
-        y = te.compute(shape, lambda *i: x(*i) / te.sqrt(ss(*i[:-1]) / n + 1e-5) * gamma(i[-1]),
-                       name="y")
-        return gamma, y
-    s = te.compute(lead, lambda *i: te.sum(x(*i, k), axis=k), name="s")
-    mean = te.compute(lead, lambda *i: s(*i) / n, name="mean")
-    d = te.compute(shape, lambda *i: x(*i) - mean(*i[:-1]), name="d")
-    k2 = te.reduce_axis((0, n), name="k2")
-    var = te.compute(lead, lambda *i: te.sum(d(*i, k2) * d(*i, k2), axis=k2), name="var")
-    y = te.compute(shape, lambda *i: d(*i) / te.sqrt(var(*i[:-1]) / n + 1e-5) * gamma(i[-1]),
-                   name="y")
-    return gamma, y
-
-
 @pytest.mark.parametrize("rms", [False, True], ids=["layernorm", "rmsnorm"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("shape", ROWS[:4], ids=str)
 def test_normalisations(shape, dtype, rms):
     rng = np.random.default_rng(2)
     x = te.placeholder(shape, name="x", dtype=dtype)
-    gamma, y = _norm(x, shape, dtype, rms)
+    gamma, y = norm_graph(x, shape, dtype, rms)
     xn, gn = rand(shape, dtype, rng, -2, 2), rand(shape[-1:], dtype, rng)
     (out,), why = build_run([y], [x, gamma], [xn, gn])
     x64, g64 = xn.astype(np.float64), gn.astype(np.float64)
