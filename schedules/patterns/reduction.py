@@ -103,6 +103,9 @@ def schedule_row_group(sch, out_name: str, red_names: list, facts: dict, target)
                            facts[r].out_dtype)
     passes = {r: rfs[r] if rfs[r] is not None else sch.get_sblock(r) for r in red_names}
     passes[out_name] = sch.get_sblock(out_name)
+    fo = facts[out_name]
+    if extent(sch, row) != product(fo.extents[v] for v in fo.spatial[:n_lead]):
+        return ""  # rows only partly fused (a kernel of 2**31 rows): no row-ahead addresses
     rowwise = _rowwise_inputs(list(passes), facts, n_lead)
     return _prefetch_rows(sch, row, rowwise, passes, target)
 

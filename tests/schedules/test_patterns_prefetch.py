@@ -100,3 +100,17 @@ def test_no_prefetch_when_the_data_fits_in_l2():
     (_,), why = build_run([softmax_graph(x, shape, "float32")], [x], [xn])
     assert why.rule_of("y") == "patterns.row_reduction"
     assert not _prefetched(why, "y"), str(why)
+
+
+def test_prefetch_indexes_in_int64_past_2_to_the_31_elements():
+    """Build only: a softmax of 2**31 + 2**20 elements indexes (and prefetches) in int64."""
+    import dsl
+
+    shape = (1 << 20, (1 << 11) + 1)
+    x = te.placeholder(shape, name="x")
+    y = softmax_graph(x, shape, "float32")
+    sch = dsl.auto_schedule([y])
+    mod = sch.s_tir([x, y]).mod
+    lines = [ln for ln in mod.script().split("\n") if "llvm.prefetch" in ln]
+    assert lines and all("T.int64(2049)" in ln for ln in lines), lines
+    tvm.compile(mod, target=sch.target.tvm_target())
