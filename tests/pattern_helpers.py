@@ -78,3 +78,12 @@ def norm_graph(x, shape, dtype, rms: bool):
     y = te.compute(shape, lambda *i: d(*i) / te.sqrt(var(*i[:-1]) / n + 1e-5) * gamma(i[-1]),
                    name="y")
     return gamma, y
+
+
+def norm_reference(xn, gn, rms: bool):
+    """float64 reference of :func:`norm_graph` (eps 1e-5)."""
+    x64, g64 = xn.astype(np.float64), gn.astype(np.float64)
+    if rms:
+        return x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * g64
+    d = x64 - x64.mean(-1, keepdims=True)
+    return d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g64

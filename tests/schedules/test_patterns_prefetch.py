@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import tvm
-from pattern_helpers import build_run, check, norm_graph, rand, softmax_graph
+from pattern_helpers import build_run, check, norm_graph, norm_reference, rand, softmax_graph
 from tvm import te
 
 import targets
@@ -67,12 +67,7 @@ def test_normalisations_with_prefetch(shape, rms):
     rng = np.random.default_rng(5)
     xn, gn = rand(shape, "float32", rng, -2, 2), rand(shape[-1:], "float32", rng)
     (out,), why = build_run([y], [x, gamma], [xn, gn], target=target)
-    x64, g64 = xn.astype(np.float64), gn.astype(np.float64)
-    if rms:
-        ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * g64
-    else:
-        d = x64 - x64.mean(-1, keepdims=True)
-        ref = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g64
+    ref = norm_reference(xn, gn, rms)
     check(out, ref, "float32", "norm")
     notes = _prefetched(why, "y")
     assert notes, str(why)

@@ -5,7 +5,7 @@ fused consumer, against numpy float64."""
 
 import numpy as np
 import pytest
-from pattern_helpers import build_run, check, norm_graph, rand, softmax_graph
+from pattern_helpers import build_run, check, norm_graph, norm_reference, rand, softmax_graph
 from tvm import te
 
 ROWS = [(7, 131), (3, 5, 256), (2, 3, 5, 97), (2, 1, 3, 4, 64), (1, 13)]
@@ -35,12 +35,7 @@ def test_normalisations(shape, dtype, rms):
     gamma, y = norm_graph(x, shape, dtype, rms)
     xn, gn = rand(shape, dtype, rng, -2, 2), rand(shape[-1:], dtype, rng)
     (out,), why = build_run([y], [x, gamma], [xn, gn])
-    x64, g64 = xn.astype(np.float64), gn.astype(np.float64)
-    if rms:
-        ref = x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5) * g64
-    else:
-        d = x64 - x64.mean(-1, keepdims=True)
-        ref = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g64
+    ref = norm_reference(xn, gn, rms)
     check(out, ref, dtype, "norm")
     assert why.rule_of("y") == "patterns.row_reduction", str(why)
     assert why.rule_of("ss" if rms else "var") == "patterns.row_reduction"
