@@ -25,12 +25,6 @@ LINE_BYTES = 64
 LOCALITY_L2 = 2  # llvm.prefetch locality 2: prefetcht1 on x86 (into L2, not L1)
 
 
-def dtype_bytes(dtype) -> int:
-    import tvm
-
-    return tvm.runtime.DataType(str(dtype)).bits // 8
-
-
 def host_loops(sch, block, row) -> list:
     """The loops of ``block`` between ``row`` and its vector loop, when the innermost of them
     with more than one iteration is serial (the *host*); [] for a block without one (a
@@ -83,7 +77,7 @@ def _row_prefetches(buf, row_elems: int, row, j, n_iter: int, ahead: int, write:
     numel = product(buf.shape)
     flat = tirx.decl_buffer((numel,), buf.dtype, f"{buf.name}_flat", data=buf.data)
     dt = str(row.ty)
-    step, offsets = line_plan(row_elems, n_iter, dtype_bytes(buf.dtype))
+    step, offsets = line_plan(row_elems, n_iter, buf.dtype.bits // 8)
     start = (row + ahead) * tirx.const(row_elems, dt) + j * tirx.const(step, dt)
     last = tirx.const(numel - 1, dt)  # past the last row: prefetch a valid address anyway
     return [tirx.DeclBuffer(flat, data=buf.data),

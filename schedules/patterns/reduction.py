@@ -139,26 +139,22 @@ def _prefetch_rows(sch, row, rowwise: set, passes: dict, target) -> str:
                 bufs[buf.name] = buf
     out_name = list(passes)[-1]
     out = sch.get(passes[out_name]).writes[0].source
-    row_bytes = {n: _bytes(b) // rows for n, b in {**bufs, out.name: out}.items()}
-    total = sum(row_bytes.values()) * rows
-    if (not bufs or total <= target.cores * target.l2_kib * 1024
-            or sum(row_bytes.values()) > target.l2_kib * 1024 // 2):
+    streamed = {**bufs, out.name: out}
+    row_elems = {n: product(b.shape) // rows for n, b in streamed.items()}
+    row_bytes = sum(row_elems[n] * b.dtype.bits // 8 for n, b in streamed.items())
+    l2 = target.l2_kib * 1024
+    if not bufs or row_bytes * rows <= target.cores * l2 or row_bytes > l2 // 2:
         return ""
     host = next(((name, lps) for name, blk in list(passes.items())[1:]
                  if (lps := prefetch.host_loops(sch, blk, row))), None)
     if host is None:
         return ""
-    reads = [(b, row_bytes[n] // prefetch.dtype_bytes(b.dtype)) for n, b in bufs.items()]
-    writes = ([] if host[0] == out_name else
-              [(out, row_bytes[out.name] // prefetch.dtype_bytes(out.dtype))])
+    reads = [(b, row_elems[n]) for n, b in bufs.items()]
+    writes = [] if host[0] == out_name else [(out, row_elems[out.name])]
     prefetch.prefetch_next_rows(sch, host[1], row, reads, writes)
     what = " and the output's row for writing" if writes else ""
     return (f"the next row of {sorted(bufs)}{what} prefetched during "
             f"{host[0]}'s pass (memory overlaps the arithmetic)")
-
-
-def _bytes(buf) -> int:
-    return product(buf.shape) * prefetch.dtype_bytes(buf.dtype)
 
 
 def schedule_inner_reduction(sch, name: str, facts: dict, target) -> None:
