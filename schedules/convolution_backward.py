@@ -7,7 +7,10 @@ outer-product loop nest:
   by one or two vector registers (``target.lanes("float32")``) and vectorised;
 * a second axis (the last spatial axis for dx, Cy or the last kernel axis for dw) is split by
   as many rows as leave the accumulators in registers (``regs // vectors``) and unrolled, so
-  each reduction step loads one vector per row block and broadcasts one scalar per row;
+  each reduction step loads one vector per row block and broadcasts one scalar per row. For
+  dx of 1-D and 2-D layers whose row axis has no divisor that fills 3/4 of the rows, full
+  tiles and a ragged last tile, each in a loop nest of its own (``loop_partition``), so no
+  guard is left in the full tiles' loops;
 * the tile's accumulators live in a ``local`` cache (promoted to registers by LLVM), written
   back once per tile; of the loops outside the tile, the outermost with at least two
   iterations per core runs in parallel. They are not fused: TVM 0.27's ``fuse`` mis-simplifies
@@ -50,10 +53,13 @@ from schedules.toolbox import (
     elementwise,
     extent,
     extents,
+    from_zero,
     largest_divisor,
     parallel,
     register_factor,
+    row_tile,
     spatial_count,
+    split_last_tile,
     transpose_tile,
     vectorize_split,
 )
@@ -87,44 +93,53 @@ K_CHUNK = 256  # reduction steps per chunk: one V panel (K_CHUNK x vf) stays in 
 @dataclass(frozen=True)
 class Tile:
     """Register tile ``rf x vf`` and cache blocks of one reduction (see the module docstring):
-    ``mb`` row tiles x ``nb`` vector tiles share one chunk of ``kc`` reduction steps."""
+    ``mb`` row tiles x ``nb`` vector tiles share one chunk of ``kc`` reduction steps;
+    ``tail``: the rows of the last register tile when ``rf`` does not divide the row axis
+    (0 when it does)."""
 
     vf: int
     rf: int
     mb: int
     nb: int
     kc: int
+    tail: int = 0
 
     def describe(self) -> str:
         return (f"{self.rf} x {self.vf} register tile, {self.mb} x {self.nb} tiles per "
-                f"{self.kc}-step reduction chunk")
+                f"{self.kc}-step reduction chunk"
+                + (f", the last tile of {self.tail} rows in a loop nest of its own"
+                   if self.tail else ""))
 
 
-def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int = 0) -> Tile:
+def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int = 0,
+              ragged: bool = False) -> Tile:
     """Tile sizes from the target's registers, caches and cores. ``group``: when not 0, the
     vector axis is channels in groups of ``group`` whose other operand is one channel per
-    group (a broadcast), so the lanes take a divisor of ``group``, never two groups."""
+    group (a broadcast), so the lanes take a divisor of ``group``, never two groups.
+    ``ragged``: the row tile may leave a ragged last tile (:func:`row_tile`)."""
     loops = sch.get_loops(block)
     n_sp = spatial_count(sch, block)
     ext = [extent(sch, lp) for lp in loops]
     lanes = target.lanes("float32")
     vf = register_factor(group or ext[vec], lanes)
-    rf = largest_divisor(ext[row], max(1, accumulator_registers(target) // -(-vf // lanes)))
+    budget = max(1, accumulator_registers(target) // -(-vf // lanes))
+    rf = row_tile(ext[row], budget) if ragged else largest_divisor(ext[row], budget)
+    tiles = ext[row] // rf  # full ones: a ragged last tile is a loop nest of its own
     kc = largest_divisor(ext[-1], K_CHUNK) if len(ext) > n_sp else 1
     l2 = target.l2_kib << 10
     # the S block (kc x mb*rf) and the accumulators (mb*rf x nb*vf) each take <= 1/8 of L2
-    mb = largest_divisor(ext[row] // rf, max(1, l2 // 8 // (4 * rf * kc)))
+    mb = largest_divisor(tiles, max(1, l2 // 8 // (4 * rf * kc)))
     nb = largest_divisor(ext[vec] // vf, max(1, l2 // 8 // (4 * mb * rf * vf)))
     others = math.prod(e for i, e in enumerate(ext[:n_sp]) if i not in (vec, row))
     while mb > 1 or nb > 1:  # smaller blocks until every core has two of them
-        tasks = ext[row] // (rf * mb) * (ext[vec] // (vf * nb))
+        tasks = tiles // mb * (ext[vec] // (vf * nb))
         if (tasks * others if fuse_ok else max(tasks, others)) >= 2 * target.cores:
             break
         if mb > 1:
-            mb = largest_divisor(ext[row] // rf, mb - 1)
+            mb = largest_divisor(tiles, mb - 1)
         else:
             nb = largest_divisor(ext[vec] // vf, nb - 1)
-    return Tile(vf, rf, mb, nb, kc)
+    return Tile(vf, rf, mb, nb, kc, ext[row] % rf)
 
 
 def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
@@ -132,16 +147,39 @@ def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
     """Register-tile and cache-block the reduction ``block``: spatial loop ``vec``
     vectorised, spatial loop ``row`` unrolled into independent accumulators, the innermost
     reduction loop chunked (see the module docstring). ``fuse_ok``: the outer loops may be
-    fused into one parallel loop (not across dx's stride-phase indices)."""
+    fused into one parallel loop (not across dx's stride-phase indices). A ragged last row
+    tile gets loop nests of its own (:func:`schedules.toolbox.split_last_tile`)."""
     t = tile or plan_tile(sch, block, vec, row, target, fuse_ok)
     loops = sch.get_loops(block)
     n_sp = spatial_count(sch, block)
     sp, red = list(loops[:n_sp]), list(loops[n_sp:])
     vo, vm, vi = sch.split(sp[vec], [None, t.nb, t.vf])
-    ro, rm, ri = sch.split(sp[row], [None, t.mb, t.rf])
     chunk = list(sch.split(red[-1], [None, t.kc])) if red else []
-    outer = [lp for i, lp in enumerate(sp) if i not in (vec, row)] + [ro, vo]
-    sch.reorder(*outer, *red[:-1], *chunk[:1], vm, rm, *chunk[1:], ri, vi)
+    others = [lp for i, lp in enumerate(sp) if i not in (vec, row)]
+    reduce = [*red[:-1], *chunk[:1]]
+    if not t.tail:
+        ro, rm, ri = sch.split(sp[row], [None, t.mb, t.rf])
+        sch.reorder(*others, ro, vo, *reduce, vm, rm, *chunk[1:], ri, vi)
+        _tile_nest(sch, block, len(others) + 2, t, target, fuse_ok)
+        return t
+    # the tiles loop outermost, split in two nests; the full tiles then in blocks of mb
+    rt, ri = sch.split(sp[row], [None, t.rf])
+    sch.reorder(rt, *others, vo, *reduce, vm, *chunk[1:], ri, vi)
+    main, last = split_last_tile(sch, rt)
+    if main is not None:
+        _, rm = sch.split(sch.get_loops(main)[0], [None, t.mb])
+        loops = sch.get_loops(main)  # ro, rm, others, vo, reduce, vm, ...: rm after vm
+        sch.reorder(*loops[2:len(others) + len(reduce) + 4], rm)
+        _tile_nest(sch, main, len(others) + 2, t, target, fuse_ok)
+    _tile_nest(sch, last, len(others) + 2, t, target, fuse_ok)
+    return t
+
+
+def _tile_nest(sch, block, n_outer: int, t: Tile, target, fuse_ok: bool) -> None:
+    """Finish one loop nest of :func:`tile_acc`: its ``n_outer`` outer loops across cores,
+    the accumulators in a ``local`` tile written back there, the rows unrolled, the lanes
+    vectorised and the init split off above the reduction."""
+    outer = from_zero(sch, sch.get_loops(block)[:n_outer])
     if fuse_ok:
         home = parallel(sch, outer, target.cores)
     else:
@@ -153,17 +191,18 @@ def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
         home = outer[-1]
     wb = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(wb, home)
+    loops = sch.get_loops(block)
     if t.rf > 1:
-        sch.unroll(ri)
+        sch.unroll(loops[-2])
     if t.vf > 1:
-        sch.vectorize(vi)
-    if red:
-        sch.decompose_reduction(block, red[0] if len(red) > 1 else chunk[0])
+        sch.vectorize(loops[-1])
+    if spatial_count(sch, block) < len(sch.get(block).iter_vars):
+        depth = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(sch.get(home)))
+        sch.decompose_reduction(block, loops[depth + 1])
     last = sch.get_loops(wb)[-1]
     n = extent(sch, last)
     lanes = target.lanes("float32")
     vectorize_split(sch, last, register_factor(n, lanes) if n > 4 * lanes else n)
-    return t
 
 
 def batch_chunks(sch, block, target):
@@ -238,7 +277,9 @@ def pack_dw_operands(sch, block, tile: Tile) -> list[str]:
     return done
 
 
-ACCS = {tag.CB_DX_ACC: "dx", tag.CB_FWD_ACC: "dx of the transposed conv", tag.CB_DW_ACC: "dw"}
+# dw first: TVM's rfactor (dw's batch chunks, db's rows) fails on a function that already
+# holds the opaque blocks of a loop_partition (a dx with a ragged last tile)
+ACCS = {tag.CB_DW_ACC: "dw", tag.CB_DX_ACC: "dx", tag.CB_FWD_ACC: "dx of the transposed conv"}
 
 
 def schedule_convolution_backward(sch, workload) -> None:
@@ -254,14 +295,14 @@ def schedule_convolution_backward(sch, workload) -> None:
             rep_pack(sch, block, group, tgt)
             workload.note(sch.get(block).name_hint, RULE, f"expanded pack: one source scalar "
                           f"broadcast into the {group} lanes of its group")
-    for stage, what in ACCS.items():
-        block = workload.find(sch, stage)
-        if block is not None:
-            _schedule_acc(sch, workload, block, stage, what, (cxg, cyg))
     block = workload.find(sch, tag.CB_DB_ACC)
     if block is not None:
         name = sch.get(block).name_hint
         workload.note(name, RULE, reduction_rows(sch, block, tgt))
+    for stage, what in ACCS.items():
+        block = workload.find(sch, stage)
+        if block is not None:
+            _schedule_acc(sch, workload, block, stage, what, (cxg, cyg))
     for stage in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
         if stage not in done:
             _elementwise(sch, workload, stage, "layout-restoring output")
@@ -295,7 +336,12 @@ def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -
     name = sch.get(block).name_hint
     # dx's stride-phase indices must not pass through a fused loop (module docstring)
     fuse_ok = stage != tag.CB_DX_ACC or max(_params(workload).get("stride", [1])) == 1
-    tile = plan_tile(sch, block, vec, row, tgt, fuse_ok, group)
+    # a ragged last row tile for dx of 1-D and 2-D layers only: dw's panels need whole
+    # tiles, and a 3-D dx's broadcasts take three index instructions each (one induction
+    # variable per row), which leaves a 6-row tile issue-bound (3-D dx of 64 channels on a
+    # Zen 3: 150 GFLOP/s with 6 rows and a last tile of 4, 169 with 4 rows)
+    ragged = stage != tag.CB_DW_ACC and n_sp <= 4
+    tile = plan_tile(sch, block, vec, row, tgt, fuse_ok, group, ragged)
     packed = pack_dw_operands(sch, block, tile) \
         if stage == tag.CB_DW_ACC and vec == n_sp - 1 else []
     tile_acc(sch, block, vec, row, tgt, fuse_ok, tile)

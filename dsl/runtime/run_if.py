@@ -81,15 +81,7 @@ def take_exact_twins(func):
     blocks = _blocks(func.body)
     buffers = _buffers(blocks)
     twins = _twins(blocks)
-    # the buffer each fast stage writes (its local tile after cache_write) -> (twin, flag)
-    swaps = {}
-    for b in blocks:
-        name = str(b.annotations[EXACT_TWIN]) if EXACT_TWIN in b.annotations else None
-        if name in twins:
-            flag, exact = buffers[twins[name]], buffers[name]
-            for w in b.writes:  # the stage's buffer or its cache, not an rfactor's partials
-                if _dims(w.source) == _dims(exact):
-                    swaps[w.source.name] = (exact, flag)
+    swaps = _fast_buffers(blocks, buffers, twins)
     if not swaps:
         _check_wired(blocks, set())
         return func
@@ -98,19 +90,54 @@ def take_exact_twins(func):
     def visit(block):
         if EXACT_TWIN in block.annotations:
             return None  # the fast stage itself (its update reads its own buffer)
-        hits = [(r, *swaps[r.source.name]) for r in block.reads if r.source.name in swaps]
+        hits = [(r, _twin_region(block, r, exact), exact, flag) for r in block.reads
+                for buf, exact, flag in swaps if r.source.same_as(buf)]
         if not hits:
             return None
-        wired.update(twin.name for _, twin, _ in hits)
+        wired.update(twin.name for _, _, twin, _ in hits)
         return _with_block(
-            block, body=tvm.tirx.SeqStmt([*(_copy_if(f, r, t) for r, t, f in hits), block.body]),
-            reads=[*block.reads, *(tvm.ir.expr.TensorRegion(t, r.region, r.ty)
-                                   for r, t, _ in hits)],
-            writes=[*block.writes, *(r for r, _, _ in hits)])
+            block, body=tvm.tirx.SeqStmt([*(_copy_if(f, r, t, at) for r, at, t, f in hits),
+                                          block.body]),
+            reads=[*block.reads, *(tvm.ir.expr.TensorRegion(t, at.region, at.ty)
+                                   for _, at, t, _ in hits)],
+            writes=[*block.writes, *(r for r, _, _, _ in hits)])
 
     body = _rebuild(func.body, visit)
     _check_wired(blocks, wired)
     return func.with_body(body)
+
+
+def _fast_buffers(blocks, buffers: dict, twins: dict) -> list:
+    """``(buffer, twin, flag)`` for each buffer a fast stage writes: the stage's own, or its
+    register tile's cache (``cache_write``; one per part of a ``loop_partition``, each
+    holding that part's sub-tile), not an rfactor's partial sums (another rank)."""
+    swaps = []
+    for b in blocks:
+        name = str(b.annotations[EXACT_TWIN]) if EXACT_TWIN in b.annotations else None
+        if name not in twins:
+            continue
+        flag, exact = buffers[twins[name]], buffers[name]
+        for w in b.writes:
+            dims = _dims(w.source)
+            if len(dims) == len(_dims(exact)) and all(
+                    d <= e for d, e in zip(dims, _dims(exact))) \
+                    and not any(w.source.same_as(s[0]) for s in swaps):
+                swaps.append((w.source, exact, flag))
+    return swaps
+
+
+def _twin_region(block, read, twin):
+    """Where the twin holds the value ``block`` reads at ``read``: the same index when the
+    buffer has the twin's shape; for a part's smaller cache, the index ``block`` (the
+    cache's write-back) stores that value at in the fast stage's own buffer."""
+    if _dims(read.source) == _dims(twin):
+        return read
+    out = [w for w in block.writes if _dims(w.source) == _dims(twin)]
+    if len(out) != 1 or len(block.reads) != 1:
+        raise NotImplementedError(
+            f"block {block.name_hint} reads the cache {read.source.name} of a fast stage but "
+            "is not its write-back: the exact twin cannot be swapped in")
+    return out[0]
 
 
 def _check_wired(blocks, wired: set) -> None:
@@ -134,17 +161,19 @@ def _dims(buf) -> list[int]:
     return [int(d) for d in buf.shape]
 
 
-def _copy_if(flag, region, twin):
-    """``if flag[0] != 0: region.buffer[idx] = twin[idx]`` at the point ``region`` reads."""
+def _copy_if(flag, region, twin, at):
+    """``if flag[0] != 0: region.buffer[idx] = twin[at]`` at the point ``region`` reads
+    (``at``: the twin's region holding that value)."""
     import tvm
 
-    if any(int(r.extent) != 1 for r in region.region):
+    if any(int(r.extent) != 1 for r in (*region.region, *at.region)):
         raise NotImplementedError(  # no shipped schedule reads a tile at once
             f"a block reads {region.source.name} by region, not element by element: "
             "its exact twin cannot be swapped in")
     idx = [r.min for r in region.region]
     cond = _flag_set(flag)
-    store = tvm.tirx.BufferStore(region.source, tvm.tirx.BufferLoad(twin, idx), idx)
+    store = tvm.tirx.BufferStore(region.source,
+                                 tvm.tirx.BufferLoad(twin, [r.min for r in at.region]), idx)
     return tvm.tirx.IfThenElse(cond, store, None)
 
 
@@ -165,7 +194,8 @@ def _guarded(stmt, guards: dict, buffers: dict):
     buffer (its init and update); ``stmt`` unchanged otherwise."""
     import tvm
 
-    written = {_written(b).name for b in _blocks(stmt)}
+    # (the opaque wrappers of a loop_partition write nothing)
+    written = {_written(b).name for b in _blocks(stmt) if b.writes}
     if len(written) != 1 or not written <= set(guards):
         return stmt
     (owner,) = written

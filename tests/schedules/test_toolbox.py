@@ -151,3 +151,16 @@ def test_transpose_tile_leaves_other_copies_alone():
     for inp, out in ((x, same), (x2, odd)):
         sch = tvm.s_tir.Schedule(te.create_prim_func([inp, out]))
         assert not tb.transpose_tile(sch, sch.get_sblock(out.op.name), targets.current())
+
+
+@pytest.mark.parametrize("extent, budget, rows", [
+    (1024, 6, 6),   # divisor 4 fills 2/3 of the budget: 6-row tiles, a last tile of 4
+    (28, 6, 6),
+    (25, 6, 5),     # divisor 5 fills 5/6: exact
+    (24, 6, 6),
+    (11, 6, 1),     # under two full tiles: exact (here 1 row)
+    (50, 24, 24),   # AVX-512 budget: divisor 10 fills 5/12
+    (26, 24, 13),   # 13 rows, exact: no room for two tiles of 24
+])
+def test_row_tile(extent, budget, rows):
+    assert tb.row_tile(extent, budget) == rows
