@@ -18,6 +18,9 @@ Factors (how far to split a loop). Each has one documented policy; a rule picks 
 :func:`chain_tile`          a register tile of positions <= ``limit`` with enough independent
                             accumulators to hide the FMA latency: an exact divisor that has
                             them, else two balanced tiles, else ``limit`` with a ragged tail
+:func:`row_tile`            rows of a register tile: the largest divisor up to the budget,
+                            else the budget with a ragged last tile when the divisor leaves
+                            over a quarter of the accumulators idle (:func:`split_last_tile`)
 :func:`register_factor`     vector lanes in whole registers: the largest multiple of ``lanes``
                             up to ``max_vectors`` registers that divides the extent, else the
                             largest divisor up to one register
@@ -32,7 +35,9 @@ Loop transforms
     :func:`parallel` (fuse, then run across cores), :func:`parallel_outer` (the outer spatial
     loops of a block), :func:`vectorize_inner` (an all-spatial block's innermost loop),
     :func:`vectorize_split` (split a loop by a factor and vectorise the lanes),
-    :func:`vectorize_innermost` (split by whole registers or vectorise whole).
+    :func:`vectorize_innermost` (split by whole registers or vectorise whole),
+    :func:`split_last_tile` (a ragged last register tile in a loop nest of its own;
+    :func:`leaf_blocks` and :func:`from_zero` find its blocks and the loops it may fuse).
 
 Register tiles
     :func:`register_tile`: the 5HD reduction tile dx and dw share (accumulators of a tile of
@@ -417,4 +422,3 @@ def elementwise_c0(sch, block, target, outer: int = 3) -> None:
         vectorize_inner(sch, block)
     if elems >= PARALLEL_MIN_ELEMS and target.cores > 1:
         parallel_outer(sch, block, max_fuse=outer)
-
