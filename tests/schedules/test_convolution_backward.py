@@ -10,6 +10,8 @@ import dsl.api.aclnn
 import targets
 from dsl.ops.convolution_backward import convolution_backward
 
+from aclnn_helpers import call, data, gid, padding_arg, reference
+from aclnn_helpers import geometry as G
 from helpers import assert_nonfinite_positions
 from reference import convolution_backward as ref_cb
 
@@ -55,61 +57,37 @@ def test_dw_through_panels_matches_the_reference(bad):
 
 # --- dx rows that no register tile divides: full 6-row tiles and a last tile of its own ------
 
-# (name, N, Cin, Cout, spatial, kernel, stride, padding (aclnn), dilation, groups, transposed)
 # Cin 16 is two AVX2 registers, so 6 rows of accumulators; each row axis (dx's last spatial
 # axis, the transposed dx's input width) is no multiple of 6 and its largest divisor <= 6
 # fills under 3/4 of them
 RAGGED = [
-    ("conv1d_26", 2, 16, 12, (26,), (3,), (1,), (1,), (1,), 1, False),
-    ("conv2d_59_prime_asym_dilated", 2, 16, 12, (3, 59), (3, 3), (1, 1), (1, 0, 2, 1),
-     (1, 2), 1, False),
-    ("conv2d_31_stride2", 1, 16, 8, (4, 31), (3, 3), (2, 2), (1, 1), (1, 1), 1, False),
-    ("conv2d_14_groups2", 2, 32, 12, (5, 14), (3, 3), (1, 1), (1, 1), (1, 1), 2, False),
-    ("transposed_13_up2", 2, 16, 12, (3, 13), (4, 4), (2, 2), (1, 1), (1, 1), 1, True),
+    G(1, 2, 16, 12, 26, 3, 1, 1),                                        # 1-D
+    G(2, 2, 16, 12, (3, 59), 3, 1, [(1, 0), (2, 1)], (1, 2)),            # prime, asym, dil
+    G(2, 1, 16, 8, (4, 31), 3, 2, 1),                                    # stride 2
+    G(2, 2, 32, 12, (5, 14), 3, 1, 1, groups=2),                         # grouped
+    G(2, 2, 16, 12, (3, 13), 4, 2, 1, transposed=True),                  # transposed, up 2
 ]
+DX = (True, False, False)
 
 
-def _ragged_args(case, dtype="float32", bad=None):
-    _, n, cin, cout, size, k, s, p, d, g, tr = case
-    rng = np.random.default_rng(11)
-    nd = len(size)
-    pads = tuple((p[2 * i], p[2 * i + 1]) for i in range(nd)) if len(p) == 2 * nd \
-        else tuple((v, v) for v in p)
-    if tr:
-        w_shape = (cin, cout // g, *k)
-        out = tuple((i - 1) * st - a - b + (kk - 1) * dd + 1
-                    for i, st, (a, b), kk, dd in zip(size, s, pads, k, d))
-    else:
-        w_shape = (cout, cin // g, *k)
-        out = tuple((i + a + b - (kk - 1) * dd - 1) // st + 1
-                    for i, st, (a, b), kk, dd in zip(size, s, pads, k, d))
-    dy = rng.uniform(-1, 1, (n, cout, *out)).astype(dtype)
-    x = rng.uniform(-1, 1, (n, cin, *size)).astype(dtype)
-    w = rng.uniform(-1, 1, w_shape).astype(dtype)
-    if bad is not None:
-        w[(0, 0, *(kk - 1 for kk in k))] = bad  # dx then takes its exact twin's values
-    return dy, x, w, pads
-
-
-def _ragged_schedule(case, target):
-    _, n, cin, cout, size, k, s, p, d, g, tr = case
-    dy, x, w, _ = _ragged_args(case)
-    go = te.placeholder(dy.shape, name="grad_output")
-    xt = te.placeholder(x.shape, name="input")
-    wt = te.placeholder(w.shape, name="weight")
-    outs = convolution_backward(go, xt, wt, None, list(s), list(p), list(d), tr,
-                                [0] * len(size), g, [True, False, False])
+def _ragged_schedule(c, target):
+    go = te.placeholder(c["dy"], name="grad_output")
+    x = te.placeholder(c["x"], name="input")
+    w = te.placeholder(c["w"], name="weight")
+    outs = convolution_backward(go, x, w, None, list(c["stride"]), padding_arg(c),
+                                list(c["dil"]), c["transposed"], list(c["opad"]), c["groups"],
+                                list(DX))
     return dsl.auto_schedule([t for t in outs if t is not None][0], target=target)
 
 
-@pytest.mark.parametrize("case", RAGGED, ids=lambda c: c[0])
-def test_dx_rows_take_full_tiles_and_a_last_tile_of_their_own(case):
+@pytest.mark.parametrize("c", RAGGED, ids=gid)
+def test_dx_rows_take_full_tiles_and_a_last_tile_of_their_own(c):
     # 4-row tiles (8 accumulators) stall on the FMA latency: a conv1d dx of 1024 positions
     # went 136 -> 154 GFLOP/s on a Zen 3 with 6 rows and a last tile of 4
-    sch = _ragged_schedule(case, targets.get("x86-avx2"))
+    sch = _ragged_schedule(c, targets.get("x86-avx2"))
     stages = {s: why for s, _, why in dsl.explain(sch).stages}
     acc = stages.get("cb_dx_acc") or stages["cb_fwd_acc"]
-    rows = case[4][-1]  # dx's (or the transposed dx's) last spatial axis
+    rows = c["x"][-1]  # dx's (or the transposed dx's) last spatial axis
     assert "6 x 16 register tile" in acc, acc
     assert f"the last tile of {rows % 6} rows in a loop nest of its own" in acc, acc
 
@@ -117,33 +95,30 @@ def test_dx_rows_take_full_tiles_and_a_last_tile_of_their_own(case):
 def test_row_tile_is_exact_where_a_divisor_fills_the_registers():
     # 3-D dx and every dw keep exact tiles (see _schedule_acc); so does a row axis with a
     # divisor that fills 3/4 of the accumulators
-    case = ("conv1d_25", 2, 16, 12, (25,), (3,), (1,), (1,), (1,), 1, False)
     acc = {s: why for s, _, why in dsl.explain(
-        _ragged_schedule(case, targets.get("x86-avx2"))).stages}["cb_dx_acc"]
-    assert "5 x 16 register tile" in acc and "last tile" not in acc, acc
+        _ragged_schedule(G(1, 2, 16, 12, 25, 3, 1, 1), targets.get("x86-avx2"))).stages}
+    assert "5 x 16 register tile" in acc["cb_dx_acc"] and "last tile" not in acc["cb_dx_acc"]
 
 
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf], ids=["finite", "nan", "inf"])
-@pytest.mark.parametrize("case", RAGGED, ids=lambda c: c[0])
-def test_dx_with_a_last_tile_matches_the_reference(case, bad):
-    _, n, cin, cout, size, k, s, p, d, g, tr = case
-    dy, x, w, pads = _ragged_args(case, bad=bad)
+@pytest.mark.parametrize("c", RAGGED, ids=gid)
+def test_dx_with_a_last_tile_matches_the_reference(c, bad):
+    dy, x, w = data(c, seed=11)
+    if bad is not None:
+        w[(0, 0, *(k - 1 for k in c["w"][2:]))] = bad  # dx then takes its exact twin's values
     with targets.use("x86-avx2"):
-        out = dsl.aclnn.convolution_backward(dy, x, w, None, list(s), list(p), list(d), tr,
-                                             [0] * len(size), g, [True, False, False], 0)[0]
-    ref = ref_cb(dy, x, w, s, pads, d, tr, (0,) * len(size), g)[0]
+        out = call(c, dy, x, w, mask=DX)[0]
+    ref = reference(c, dy, x, w)[0]
     got, finite = assert_nonfinite_positions(out, ref, "grad_input")
     err = np.abs(got[finite] - ref[finite]).max()
     assert err <= 2e-5 * max(1.0, np.abs(ref[finite]).max()), err
 
 
 def test_dx_with_a_last_tile_in_float16():
-    case = RAGGED[1]
-    _, n, cin, cout, size, k, s, p, d, g, tr = case
-    dy, x, w, pads = _ragged_args(case, "float16")
+    c = RAGGED[1]
+    dy, x, w = data(c, ("float16",) * 3, seed=11)
     with targets.use("x86-avx2"):
-        out = dsl.aclnn.convolution_backward(dy, x, w, None, list(s), list(p), list(d), tr,
-                                             [0] * len(size), g, [True, False, False], 0)[0]
-    ref = ref_cb(*(a.astype(np.float64) for a in (dy, x, w)), s, pads, d, tr, (0,) * 2, g)[0]
+        out = call(c, dy, x, w, mask=DX)[0]
+    ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
     assert out.dtype == np.float16
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=4e-3 * np.abs(ref).max())
