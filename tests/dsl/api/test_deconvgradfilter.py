@@ -204,6 +204,29 @@ def test_shared_version_uses_popcount_threads():
     assert STATS["threads"] == 1
 
 
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_shared_version_reconfigures_a_pool_at_another_count_then_restores_the_default():
+    import tvm
+
+    from dsl.api import deconvgradfilter as api
+
+    def helper_threads():
+        return api._executor().submit(tvm.runtime.num_threads).result()
+
+    dy, x = seed_data(BIG, "float32")
+    dw = np.zeros(dw_size(BIG), np.float32)
+    fp_deconv_grad_filter_s(dy, x, dw, BIG, 0b11)
+    default = helper_threads()
+    api._executor().submit(api._configure, 1).result()  # a pool left at another count
+    try:
+        assert helper_threads() == 1
+        fp_deconv_grad_filter_s(dy, x, dw, BIG, 0b11)
+        assert STATS["threads"] == 2
+        assert helper_threads() == default
+    finally:
+        api._executor().submit(api._configure, 0).result()
+
+
 def _with(p, **changes):
     q = list(p)
     for k, v in changes.items():
