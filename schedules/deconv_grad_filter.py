@@ -21,7 +21,15 @@ When the tile broadcasts ``dy`` (vector along ``ic``), the zero-padded ``dy`` is
 GotoBLAS panels: the tile's ``oc`` rows innermost and one plane per stride phase
 (``[oc // rows, y % sh, x % sw, b, y // sh, x // sw, oc % rows]``), so consecutive reduction
 steps broadcast from consecutive bytes instead of touching a new cache line each (a k4 s2
-layer: 42 -> 74 GFLOP/s on one Zen 3 core). The pad is a copy the kernel made anyway.
+layer: 42 -> 74 GFLOP/s on one Zen 3 core). The pad is a copy the kernel made anyway. x is
+packed the same way (``[c // lanes, b, h, w, c % lanes]``) when its rows hold other tiles'
+channels: read in place, a power-of-two ``in_c`` puts every step in the same few L1 sets
+(grouped_g8 bench layer on 2 Zen 3 cores: 122 -> 132 GFLOP/s).
+
+The tile has the target's accumulator budget of rows (6 x 16 on AVX2); where 6 does not
+divide the row axis (64 channels), the last row tile is ragged and gets a loop nest of its
+own (:func:`schedules.toolbox.split_last_tile`), and each group's dy panels are zero-filled
+to whole tiles (dcgan bench layer, 2 Zen 3 cores: 4 x 16 tile 138, 6 x 16 tiles 160 GFLOP/s).
 
 The choice between them, ``P`` and every tile size depend only on the shapes and the vector
 width, never on ``target.cores``: for a given shape each output element is summed in the same
@@ -37,12 +45,15 @@ from dsl.ops import tag
 from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.toolbox import (
+    accumulator_registers,
     divisors,
     extents,
     fill_vector_factor,
+    from_zero,
     largest_divisor,
     parallel,
-    vector_registers,
+    row_tile,
+    split_last_tile,
     vectorize_innermost,
 )
 
@@ -56,14 +67,15 @@ AXES = ("g", "oc", "kw", "ic")  # the dw axes a tile splits (kh stays whole, out
 ROWS = {"ic": ("oc", "kw"), "oc": ("ic", "kw"), "g": ("oc", "kw")}
 
 
-def plan(p: dict, lanes: int, vector_regs: int) -> dict:
+def plan(p: dict, lanes: int, acc_regs: int, ragged: bool = True) -> dict:
     """Tile sizes for a geometry (``p``: the op's JSON parameters); a pure function of the
-    shapes and the vector width.
+    shapes, the vector width and the accumulator registers (``acc_regs``).
 
     The vector axis is the one whose width fills vector registers best: ``ic`` (contiguous in
     x, dy broadcast), ``oc`` (contiguous in dy, x broadcast) or, when ``ICg == 1``, ``g``
     (both contiguous along ``g`` for depthwise). Two more axes make the rows of the register
-    tile.
+    tile; the first may take a ragged last tile (:func:`schedules.toolbox.row_tile`:
+    ``"ragged"`` in the result) unless ``ragged`` is False or K is split into partial sums.
     """
     group, in_c, out_c = p["group"], p["in_c"], p["out_c"]
     ext = {"g": group, "oc": out_c // group, "kw": p["kernel_w"], "ic": in_c // group}
@@ -75,15 +87,15 @@ def plan(p: dict, lanes: int, vector_regs: int) -> dict:
 
     mode = max(cands, key=lambda a: (lanes_used(a), -cands.index(a)))
     v = fill_vector_factor(ext[mode], lanes)
-    rows = max(1, (vector_regs - 8) // -(-v // lanes))  # accumulators; the rest hold loads
+    rows = max(1, acc_regs // -(-v // lanes))
     inner = {a: 1 for a in AXES}
     inner[mode] = v
     r1, r2 = ROWS[mode]
-    inner[r1] = largest_divisor(ext[r1], rows)
+    inner[r1] = row_tile(ext[r1], rows) if ragged else largest_divisor(ext[r1], rows)
     inner[r2] = largest_divisor(ext[r2], rows // inner[r1])
     outer = p["kernel_h"]
     for a in AXES:
-        outer *= ext[a] // inner[a]
+        outer *= -(-ext[a] // inner[a])
     f_ext = p["batch"] * p["in_h"]
     k_total = f_ext * p["in_w"]
     parts = 1
@@ -94,7 +106,11 @@ def plan(p: dict, lanes: int, vector_regs: int) -> dict:
             parts = d
             if outer * d >= PARALLEL_ITEMS:
                 break
-    return {"mode": mode, "inner": inner, "rows": (r1, r2), "parts": parts, "outer": outer}
+    ragged = ext[r1] % inner[r1] != 0
+    if ragged and parts > 1:  # the partial sums' loop nest keeps whole tiles
+        return plan(p, lanes, acc_regs, ragged=False)
+    return {"mode": mode, "inner": inner, "rows": (r1, r2), "parts": parts, "outer": outer,
+            "ragged": ragged}
 
 
 def _parallel(sch, loops, cores: int) -> None:
@@ -116,9 +132,8 @@ def _elementwise(sch, block, lanes: int, cores: int) -> None:
 def schedule_deconv_grad_filter(sch, workload) -> None:
     tgt = workload.target
     lanes = tgt.lanes("float32")  # fp16 inputs are widened: the arithmetic is fp32
-    regs = vector_registers(tgt)
     p = json.loads(workload.attrs["dsl_params"])
-    cfg = plan(p, lanes, regs)
+    cfg = plan(p, lanes, accumulator_registers(tgt))
     cores = tgt.cores
     pad = workload.find(sch, tag.DECONV_DY_PAD)
     acc = workload.find(sch, tag.DECONV_ACC)
@@ -126,8 +141,12 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
     pad_why = "elementwise pad"
     if cfg["mode"] == "ic" and cfg["rows"][0] == "oc":  # the tile broadcasts dy channels
         pad_why = _pack_dy(sch, pad, p, cfg["inner"]["oc"])
-    for block, why in ((acc, f"{cfg['mode']}-vector register tile, {cfg['parts']} K part(s)"),
-                       (out, "elementwise cast"), (pad, pad_why)):
+    notes = [(acc, _tile_note(cfg)), (out, "elementwise cast"), (pad, pad_why)]
+    if cfg["mode"] == "ic" and cfg["inner"]["ic"] < p["in_c"]:  # x rows hold other tiles
+        xp = _pack_x(sch, acc, pad, cfg["inner"]["ic"])
+        _elementwise(sch, xp, lanes, cores)
+        notes.append((xp, f"x into panels of {cfg['inner']['ic']} channels"))
+    for block, why in notes:
         workload.note(sch.get(block).name_hint, RULE, why)
     g, oc, kh, kw, ic, b, ih, iw = sch.get_loops(acc)
     split = {}
@@ -147,6 +166,13 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
     schedule_fallbacks(sch, workload, tag.DECONV_GRAD_FILTER, RULE)
 
 
+def _tile_note(cfg) -> str:
+    inner, (r1, r2) = cfg["inner"], cfg["rows"]
+    note = (f"{cfg['mode']}-vector register tile of {inner[r1]} {r1} x {inner[r2]} {r2} rows, "
+            f"{cfg['parts']} K part(s)")
+    return note + (f", the last {r1} tile in a loop nest of its own" if cfg["ragged"] else "")
+
+
 def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
     """One pass over K in chunks of about ``K_CHUNK`` steps: for each chunk, every register
     tile of a ``(g, ic, oc)`` block accumulates into ``dw_acc`` (kept in registers across the
@@ -155,6 +181,9 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
     g_o, oc_o, kh, kw_o, ic_o = outer
     rows = largest_divisor(p["batch"] * p["in_h"], max(1, K_CHUNK // p["in_w"]))
     f_o, f_i = sch.split(f, [None, rows])
+    if cfg["ragged"]:
+        _ragged_blocks(sch, acc, cfg, outer, (f_o, f_i, iw), tile, cores)
+        return
     par = [g_o, ic_o, oc_o]
     if extents(sch, par) < 2 * cores:  # too few blocks: share each chunk's tiles instead
         sch.reorder(g_o, ic_o, f_o, oc_o, kh, kw_o, f_i, iw, r1, r2, vec)
@@ -163,6 +192,21 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
         sch.reorder(g_o, ic_o, oc_o, f_o, kh, kw_o, f_i, iw, r1, r2, vec)
     _vector_axis_last(sch, acc, cfg, 0)
     _micro_kernel(sch, acc, (r1, r2, vec), par, f_o, cores)
+
+
+def _ragged_blocks(sch, acc, cfg, outer, k_loops, tile, cores) -> None:
+    """:func:`_blocked` with a ragged last row tile: the loop over row tiles goes outermost
+    and its last tile gets a loop nest of its own (:func:`split_last_tile`), so the full
+    tiles' nest has no guard. Each nest runs its ``(tiles, g, ic/oc)`` blocks across cores."""
+    g_o, oc_o, kh, kw_o, ic_o = outer
+    f_o, f_i, iw = k_loops
+    tiles, other = (oc_o, ic_o) if cfg["rows"][0] == "oc" else (ic_o, oc_o)
+    sch.reorder(tiles, g_o, other, f_o, kh, kw_o, f_i, iw, *tile)
+    _vector_axis_last(sch, acc, cfg, 0)
+    for block in split_last_tile(sch, tiles):
+        if block is not None:
+            loops = sch.get_loops(block)
+            _micro_kernel(sch, block, loops[-3:], from_zero(sch, loops[:3]), loops[3], cores)
 
 
 def _vector_axis_last(sch, block, cfg, first: int) -> None:
@@ -216,13 +260,40 @@ def _split_k(sch, acc, cfg, outer, f, iw, tile, cores) -> None:
 def _pack_dy(sch, pad, p, rows: int) -> str:
     """dy_pad as GotoBLAS panels, so a register tile's broadcasts walk contiguous memory:
     ``rows`` channels innermost, and one plane per stride phase along an axis whose padded
-    extent the stride divides (TVM cannot invert the split of a ragged one)."""
+    extent the stride divides (TVM cannot invert the split of a ragged one). Where ``rows``
+    does not divide the channels of a group (a ragged last tile), each group's channels
+    are padded with zeros up to whole panels, so that a panel never spans two groups."""
     _, hp, wp, _ = (int(d) for d in sch.get(pad).writes[0].source.shape)
     sh = p["stride_h"] if hp % p["stride_h"] == 0 else 1
     sw = p["stride_w"] if wp % p["stride_w"] == 0 else 1
+    ocg = p["out_c"] // p["group"]
 
     def index(b, y, x, c):  # rows divides the channels per group: a panel is in one group
         return (c // rows, y % sh, x % sw, b, y // sh, x // sw, c % rows)
 
-    sch.transform_layout(pad, ("write", 0), index)
-    return f"pad into panels of {rows} channels, {sh} x {sw} stride-phase planes"
+    def by_group(b, y, x, c):  # TVM cannot invert a padded split of c % ocg in one map
+        return (c // ocg, y % sh, x % sw, b, y // sh, x // sw, c % ocg)
+
+    def panels(g, py, px, b, y, x, o):
+        return (g, o // rows, py, px, b, y, x, o % rows)
+
+    if ocg % rows == 0:
+        sch.transform_layout(pad, ("write", 0), index)
+        return f"pad into panels of {rows} channels, {sh} x {sw} stride-phase planes"
+    sch.transform_layout(pad, ("write", 0), by_group)
+    sch.transform_layout(pad, ("write", 0), panels, pad_value=0.0)
+    return (f"pad into panels of {rows} channels (the last of each group zero-filled), "
+            f"{sh} x {sw} stride-phase planes")
+
+
+def _pack_x(sch, acc, pad, lanes: int):
+    """x as panels of its tile's ``lanes`` channels (``[c // lanes, b, h, w, c % lanes]``),
+    so consecutive reduction steps load consecutive bytes: read in place, the steps are
+    ``in_c`` floats apart, and with a power-of-two ``in_c`` they fall in a few L1 sets and
+    evict each other before the next tile reuses them."""
+    dy_pad = sch.get(pad).writes[0].source
+    index = next(i for i, r in enumerate(sch.get(acc).reads) if not r.source.same_as(dy_pad))
+    xp = sch.cache_read(acc, index, "global", consumer_blocks=[acc])
+    sch.transform_layout(xp, ("write", 0),
+                         lambda b, h, w, c: (c // lanes, b, h, w, c % lanes))
+    return xp

@@ -37,6 +37,16 @@ CASES = [
     D(16, 16, 16, 2, 17, 16, 16, 2, 1, (0, 1), 1, 1),        # vector along oc, partial sums
 ]
 
+# 6-row register tiles on AVX2 (16 lanes, 12 accumulators) over extents 6 does not divide:
+# each group's last row tile is ragged and gets a loop nest of its own
+RAGGED = [
+    D(2, 5, 7, 32, 10, 14, 32, 4, 2, 1, 1, 2),               # g2: 16 oc per group, 6 + 6 + 4
+    D(1, 6, 5, 16, 11, 9, 13, 3, 2, (1, 0), 1, 1),           # 13 oc (prime): 6 + 6 + 1
+    D(3, 4, 7, 48, 8, 13, 44, 2, (2, 1), (0, 1), (1, 2), 1),  # 44 oc, dilated: 7 x 6 + 2
+    D(2, 5, 6, 13, 9, 11, 16, 3, 2, 1, 1, 1),                # oc-vector, rows over 13 ic
+]
+AVX2 = "x86-avx2"  # where the tiles above are ragged; every x86-64 host runs it
+
 
 def case_id(c):
     return "b{}_in{}_out{}_k{}_s{}_p{}_d{}_g{}".format(
@@ -120,7 +130,35 @@ def test_every_runnable_target(name, c):
     assert_close(kernel(dy, x), ref, "float32", f"{name} {case_id(c)}")
 
 
-@pytest.mark.parametrize("c", [CASES[1], CASES[3], CASES[7]], ids=case_id)
+@pytest.mark.parametrize("c", RAGGED, ids=case_id)
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_ragged_row_tile_matches_reference(c, dtype):
+    dy, x = data(c, dtype, seed=5)
+    out = kernel_for(c, dtype, targets.get(AVX2))(dy, x)
+    ref = ref_dw(dy, x, c["k"], c["s"], c["p"], c["d"], c["g"])
+    assert_close(out, ref, dtype, f"{AVX2} {case_id(c)}")
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_ragged_row_tile_is_said_and_its_panels_zero_filled(cores):
+    from tvm import te
+
+    c = RAGGED[0]
+    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
+    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], dilation=c["d"],
+                            group=c["g"])
+    kernel = dsl.auto_schedule([dw], targets.get(AVX2).with_cores(cores))
+    kernel.s_tir()
+    notes = {b: w for b, _, w in kernel.decisions}
+    assert notes["dw_acc"] == ("ic-vector register tile of 6 oc x 1 kw rows, 1 K part(s), "
+                               "the last oc tile in a loop nest of its own"), notes
+    assert notes["dy_pad"] == ("pad into panels of 6 channels (the last of each group "
+                               "zero-filled), 2 x 2 stride-phase planes"), notes
+    assert notes["x_global"] == "x into panels of 16 channels", notes
+
+
+@pytest.mark.parametrize("c", [CASES[1], CASES[3], CASES[7], RAGGED[0]], ids=case_id)
 def test_one_and_many_core_kernels_agree_bitwise(c):
     # blocking and the partial-sum split are chosen by shape, never by cores
     dy, x = data(c, "float32")
