@@ -52,6 +52,7 @@ from schedules.toolbox import (
     from_zero,
     largest_divisor,
     parallel,
+    root_blocks,
     row_tile,
     split_last_tile,
     vectorize_innermost,
@@ -138,10 +139,13 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
     pad = workload.find(sch, tag.DECONV_DY_PAD)
     acc = workload.find(sch, tag.DECONV_ACC)
     out = workload.find(sch, tag.DECONV_GRAD_FILTER)
-    pad_why = "elementwise pad"
+    pad_why, fill = "elementwise pad", None
     if cfg["mode"] == "ic" and cfg["rows"][0] == "oc":  # the tile broadcasts dy channels
-        pad_why = _pack_dy(sch, pad, p, cfg["inner"]["oc"])
+        pad_why, fill = _pack_dy(sch, pad, p, cfg["inner"]["oc"])
     notes = [(acc, _tile_note(cfg)), (out, "elementwise cast"), (pad, pad_why)]
+    if fill is not None:  # TVM's block writing the panels' zero padding
+        _parallel(sch, sch.get_loops(fill)[:2], cores)
+        notes.append((fill, "zeros of the last panels' padding: groups across cores"))
     if cfg["mode"] == "ic" and cfg["inner"]["ic"] < p["in_c"]:  # x rows hold other tiles
         xp = _pack_x(sch, acc, pad, cfg["inner"]["ic"])
         _elementwise(sch, xp, lanes, cores)
@@ -257,12 +261,13 @@ def _split_k(sch, acc, cfg, outer, f, iw, tile, cores) -> None:
     _parallel(sch, spatial[:2], cores)
 
 
-def _pack_dy(sch, pad, p, rows: int) -> str:
+def _pack_dy(sch, pad, p, rows: int) -> tuple:
     """dy_pad as GotoBLAS panels, so a register tile's broadcasts walk contiguous memory:
     ``rows`` channels innermost, and one plane per stride phase along an axis whose padded
     extent the stride divides (TVM cannot invert the split of a ragged one). Where ``rows``
     does not divide the channels of a group (a ragged last tile), each group's channels
-    are padded with zeros up to whole panels, so that a panel never spans two groups."""
+    are padded with zeros up to whole panels, so that a panel never spans two groups: TVM
+    writes the zeros in a block of its own, returned with the note (else None)."""
     _, hp, wp, _ = (int(d) for d in sch.get(pad).writes[0].source.shape)
     sh = p["stride_h"] if hp % p["stride_h"] == 0 else 1
     sw = p["stride_w"] if wp % p["stride_w"] == 0 else 1
@@ -279,11 +284,14 @@ def _pack_dy(sch, pad, p, rows: int) -> str:
 
     if ocg % rows == 0:
         sch.transform_layout(pad, ("write", 0), index)
-        return f"pad into panels of {rows} channels, {sh} x {sw} stride-phase planes"
+        return f"pad into panels of {rows} channels, {sh} x {sw} stride-phase planes", None
     sch.transform_layout(pad, ("write", 0), by_group)
     sch.transform_layout(pad, ("write", 0), panels, pad_value=0.0)
+    packed = sch.get(pad)
+    fill = next(b for b in root_blocks(sch) if not sch.get(b).same_as(packed)
+                and sch.get(b).writes[0].source.same_as(packed.writes[0].source))
     return (f"pad into panels of {rows} channels (the last of each group zero-filled), "
-            f"{sh} x {sw} stride-phase planes")
+            f"{sh} x {sw} stride-phase planes"), fill
 
 
 def _pack_x(sch, acc, pad, lanes: int):

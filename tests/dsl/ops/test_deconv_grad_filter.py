@@ -156,6 +156,9 @@ def test_ragged_row_tile_is_said_and_its_panels_zero_filled(cores):
     assert notes["dy_pad"] == ("pad into panels of 6 channels (the last of each group "
                                "zero-filled), 2 x 2 stride-phase planes"), notes
     assert notes["x_global"] == "x into panels of 16 channels", notes
+    # TVM writes the panels' zero padding in a block of its own: scheduled and said too
+    assert notes["buffer_dy_pad_padding"] == ("zeros of the last panels' padding: groups "
+                                              "across cores"), notes
 
 
 @pytest.mark.parametrize("c", [CASES[1], CASES[3], CASES[7], RAGGED[0]], ids=case_id)
