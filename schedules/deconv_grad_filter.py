@@ -19,12 +19,12 @@ Two shapes of loop nest:
 
 When the tile broadcasts ``dy`` (vector along ``ic``), the zero-padded ``dy`` is laid out as
 GotoBLAS panels: the tile's ``oc`` rows innermost and one plane per stride phase
-(``[oc // rows, y % sh, x % sw, b, y // sh, x // sw, oc % rows]``), so consecutive reduction
-steps broadcast from consecutive bytes instead of touching a new cache line each (a k4 s2
-layer: 42 -> 74 GFLOP/s on one Zen 3 core). The pad is a copy the kernel made anyway. x is
-packed the same way (``[c // lanes, b, h, w, c % lanes]``) when its rows hold other tiles'
-channels: read in place, a power-of-two ``in_c`` puts every step in the same few L1 sets
-(grouped_g8 bench layer on 2 Zen 3 cores: 122 -> 132 GFLOP/s).
+(``[g, oc // rows, y % sh, x % sw, b, y // sh, x // sw, oc % rows]``, ``oc`` within group
+``g``), so consecutive reduction steps broadcast from consecutive bytes instead of touching a
+new cache line each (a k4 s2 layer: 42 -> 74 GFLOP/s on one Zen 3 core). The pad is a copy the
+kernel made anyway. x is packed the same way (``[c // lanes, b, h, w, c % lanes]``) when its
+rows hold other tiles' channels: read in place, a power-of-two ``in_c`` puts every step in the
+same few L1 sets (grouped_g8 bench layer on 2 Zen 3 cores: 122 -> 132 GFLOP/s).
 
 The tile has the target's accumulator budget of rows (6 x 16 on AVX2); where 6 does not
 divide the row axis (64 channels), the last row tile is ragged and gets a loop nest of its
@@ -185,6 +185,7 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
     g_o, oc_o, kh, kw_o, ic_o = outer
     rows = largest_divisor(p["batch"] * p["in_h"], max(1, K_CHUNK // p["in_w"]))
     f_o, f_i = sch.split(f, [None, rows])
+    _vector_axis_last(sch, acc, cfg, 0)
     if cfg["ragged"]:
         _ragged_blocks(sch, acc, cfg, outer, (f_o, f_i, iw), tile, cores)
         return
@@ -194,7 +195,6 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
         par = [oc_o, kh, kw_o]
     else:
         sch.reorder(g_o, ic_o, oc_o, f_o, kh, kw_o, f_i, iw, r1, r2, vec)
-    _vector_axis_last(sch, acc, cfg, 0)
     _micro_kernel(sch, acc, (r1, r2, vec), par, f_o, cores)
 
 
@@ -206,7 +206,6 @@ def _ragged_blocks(sch, acc, cfg, outer, k_loops, tile, cores) -> None:
     f_o, f_i, iw = k_loops
     tiles, other = (oc_o, ic_o) if cfg["rows"][0] == "oc" else (ic_o, oc_o)
     sch.reorder(tiles, g_o, other, f_o, kh, kw_o, f_i, iw, *tile)
-    _vector_axis_last(sch, acc, cfg, 0)
     for block in split_last_tile(sch, tiles):
         if block is not None:
             loops = sch.get_loops(block)
@@ -273,19 +272,16 @@ def _pack_dy(sch, pad, p, rows: int) -> tuple:
     sw = p["stride_w"] if wp % p["stride_w"] == 0 else 1
     ocg = p["out_c"] // p["group"]
 
-    def index(b, y, x, c):  # rows divides the channels per group: a panel is in one group
-        return (c // rows, y % sh, x % sw, b, y // sh, x // sw, c % rows)
-
     def by_group(b, y, x, c):  # TVM cannot invert a padded split of c % ocg in one map
         return (c // ocg, y % sh, x % sw, b, y // sh, x // sw, c % ocg)
 
     def panels(g, py, px, b, y, x, o):
         return (g, o // rows, py, px, b, y, x, o % rows)
 
-    if ocg % rows == 0:
-        sch.transform_layout(pad, ("write", 0), index)
-        return f"pad into panels of {rows} channels, {sh} x {sw} stride-phase planes", None
     sch.transform_layout(pad, ("write", 0), by_group)
+    if ocg % rows == 0:
+        sch.transform_layout(pad, ("write", 0), panels)
+        return f"pad into panels of {rows} channels, {sh} x {sw} stride-phase planes", None
     sch.transform_layout(pad, ("write", 0), panels, pad_value=0.0)
     packed = sch.get(pad)
     fill = next(b for b in root_blocks(sch) if not sch.get(b).same_as(packed)
