@@ -181,7 +181,8 @@ COMPILE_CONFIG = {"tirx.UnrollLoop": {"auto_max_depth": 0}}
 
 
 def compile_module(mod, target):
-    """``tvm.compile`` with :data:`COMPILE_CONFIG` added to the current pass context."""
+    """``tvm.compile`` with :data:`COMPILE_CONFIG` added to the current pass context (every
+    kernel, tuned candidates included, is compiled so)."""
     import tvm
 
     cur = tvm.transform.PassContext.current()
@@ -194,6 +195,7 @@ def compile_module(mod, target):
 
 def cache_key(mod, sch: Schedule) -> str:
     text = json.dumps({"tir": mod.script(), "target": sch.target.as_json(),
+                       "compile": COMPILE_CONFIG,
                        "versions": versions()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 

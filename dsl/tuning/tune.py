@@ -137,9 +137,7 @@ def _verified_candidates(base: Schedule, store, db, name: str, tensors, target) 
     """The (up to three) fastest measured records that build and agree numerically with the
     default schedule: ``[(record id, trace, run seconds, runtime module)]``. Those that do
     not are rejected in the store, so builds never try them."""
-    import tvm
-
-    from dsl.runtime.build import lower, verify_tuned
+    from dsl.runtime.build import compile_module, lower, verify_tuned
 
     rejected, out = store.rejected(), []
     for _, rec in db.records[:3]:
@@ -150,7 +148,7 @@ def _verified_candidates(base: Schedule, store, db, name: str, tensors, target) 
         cand = dataclasses.replace(base, override=tuning_db.TraceOverride(trace),
                                    schedule_meta={"source": "tuned"})
         try:
-            rt_mod = tvm.compile(lower(cand, name, tensors), target=target).jit()
+            rt_mod = compile_module(lower(cand, name, tensors), target).jit()
             problem = verify_tuned(cand, rt_mod, name, tensors)
         except Exception as exc:  # noqa: BLE001 - a broken candidate is rejected, not fatal
             problem = f"it fails to build or run: {exc}"
@@ -169,7 +167,7 @@ def _local_check(base: Schedule, store: tuning_db.WorkloadStore, db, result: Tun
     default)."""
     import tvm
 
-    from dsl.runtime.build import lower
+    from dsl.runtime.build import compile_module, lower
     from dsl.runtime.timing import alternating_medians
 
     name = "dsl_tune_check"
@@ -183,7 +181,7 @@ def _local_check(base: Schedule, store: tuning_db.WorkloadStore, db, result: Tun
         return lambda: float(f(*args).mean)
 
     target = base.target.tvm_target()
-    default = tvm.compile(lower(base, name, tensors), target=target).jit()
+    default = compile_module(lower(base, name, tensors), target).jit()
     candidates = _verified_candidates(base, store, db, name, tensors, target)
     times = alternating_medians([timer(default)] + [timer(c[3]) for c in candidates],
                                 CHECK_ROUNDS)

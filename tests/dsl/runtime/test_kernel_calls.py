@@ -271,3 +271,20 @@ def test_generated_code_assumes_only_element_alignment():
     assert [p.data_alignment for p in old["k"].params] == [64, 64]
     assert build.cache_key(old, sch) != build.cache_key(mod, sch)
     assert build.versions()["json_format"] == 2
+
+
+def test_cache_key_changes_with_the_compile_settings(monkeypatch):
+    """The pass settings ``compile_module`` adds change the generated code, so a library
+    built under other settings is never reused: the key hashes them too."""
+    from tvm import te
+
+    from dsl.runtime import build
+    from dsl.runtime.schedule import auto_schedule
+
+    x = te.placeholder((37,), "float32", name="x")
+    y = te.compute((37,), lambda i: x[i] * 2, name="y", tag="elewise")
+    sch = auto_schedule([y])
+    mod = build.lower(sch, "k", [x, y])
+    before = build.cache_key(mod, sch)
+    monkeypatch.setattr(build, "COMPILE_CONFIG", {"tirx.UnrollLoop": {"auto_max_depth": 8}})
+    assert build.cache_key(mod, sch) != before
