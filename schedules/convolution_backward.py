@@ -337,9 +337,9 @@ def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -
     # dx's stride-phase indices must not pass through a fused loop (module docstring)
     fuse_ok = stage != tag.CB_DX_ACC or max(_params(workload).get("stride", [1])) == 1
     # a ragged last row tile for dx of 1-D and 2-D layers only: dw's panels need whole
-    # tiles, and a 3-D dx's broadcasts take three index instructions each (one induction
-    # variable per row), which leaves a 6-row tile issue-bound (3-D dx of 64 channels on a
-    # Zen 3: 150 GFLOP/s with 6 rows and a last tile of 4, 169 with 4 rows)
+    # tiles, and a 3-D dx measured slower with 6 rows and a last tile of 4 than with 4 rows
+    # (64 channels on a Zen 3: 150 against 169 GFLOP/s; with 64-bit indices, which fold the
+    # index arithmetic of every broadcast into its address, still 164 against 170)
     ragged = stage != tag.CB_DW_ACC and n_sp <= 4
     tile = plan_tile(sch, block, vec, row, tgt, fuse_ok, group, ragged)
     packed = pack_dw_operands(sch, block, tile) \
