@@ -21,6 +21,7 @@ from dsl.ops import tag
 from schedules import fusion
 from schedules import toolbox as tb
 from schedules.fallback import schedule_fallbacks
+from schedules.intrinsics import dot_intrinsic
 
 RULE = "x86 dx register tile"
 
@@ -89,7 +90,8 @@ def dx_acc_tiles(sch, block, target):
     else:
         tw = tb.chain_tile(wq, limit, cx1_t * n_vec, target.fma_chains())
     return tb.register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw},
-                            par=[0, 1, 2], serial=[3], red_inner=(red[1],) if per_lane else ())
+                            par=[0, 1, 2], serial=[3], red_inner=(red[1],) if per_lane else (),
+                            dot_intrin=dot_intrinsic(sch, block, target))
 
 
 @schedules.register(tag.CONV2D_BACKPROP_INPUT, "x86")

@@ -297,7 +297,8 @@ def vectorize_innermost(sch, block, lanes: int, split_above: int) -> None:
 
 # ---------------------------------------------------------------------------- register tiles
 def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int, int],
-                  par: list[int], serial: list[int], red_inner: tuple = ()):
+                  par: list[int], serial: list[int], red_inner: tuple = (),
+                  dot_intrin: str | None = None):
     """Tile a reduction block whose last spatial loop is the 16-wide lane axis.
 
     ``tiles`` maps spatial loop index -> inner tile size; the inner tiles and the lane axis go
@@ -305,7 +306,9 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
     whole reduction. The outer parts of the spatial loops ``par`` are fused and run across
     cores, those of ``serial`` stay serial (in that order) between them and the reduction.
     Reduction loops also in ``red_inner`` go (unrolled) just above the tile, so loads that two
-    unrolled (tap, position) pairs share become one load.
+    unrolled (tap, position) pairs share become one load. ``dot_intrin``
+    (:func:`schedules.intrinsics.dot_intrinsic`): the last reduction loop goes under the
+    lanes and the two become one dot-product instruction.
     """
     outer = dict(enumerate(spatial[:-1]))
     inner = []
@@ -318,7 +321,8 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
     order_par = [outer[i] for i in par]
     order_ser = [outer[i] for i in serial]
     red_outer = [lp for lp in red if not any(lp is r for r in red_inner)]
-    sch.reorder(*order_par, *order_ser, *red_outer, *red_inner, *inner, lane_o, lane_i)
+    dot = [red_outer.pop()] if dot_intrin else []
+    sch.reorder(*order_par, *order_ser, *red_outer, *red_inner, *inner, lane_o, lane_i, *dot)
     # parallel before decompose_reduction: the split init block would break compact dataflow
     fused = sch.fuse(*order_par) if len(order_par) > 1 else order_par[0]
     sch.parallel(fused)
@@ -328,8 +332,16 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
     for lp in [*red_inner, *inner]:
         sch.unroll(lp)
     sch.unroll(lane_o)
-    sch.vectorize(lane_i)
-    sch.decompose_reduction(block, red_outer[0] if red_outer else red[0])
+    if not dot:
+        sch.vectorize(lane_i)
+    init = sch.decompose_reduction(block, red_outer[0] if red_outer else red[0])
+    if dot:
+        # the instruction's block keeps the tile block's annotations (its exact twin's link)
+        outer = sch.blockize(lane_i)
+        for key, value in sch.get(block).annotations.items():
+            sch.annotate(outer, key, value)
+        sch.tensorize(outer, dot_intrin)
+        sch.vectorize(sch.get_loops(init)[-1])
     last = sch.get_loops(wb)[-1]
     if extent(sch, last) > lanes and extent(sch, last) % lanes == 0:
         last = sch.split(last, [None, lanes])[-1]

@@ -106,6 +106,19 @@ class CpuTarget:
         """True if the target has every ISA extension named (cpuinfo spelling)."""
         return set(features) <= self.isa
 
+    def dot_depth(self, dtype: str) -> int:
+        """Reduction elements that one 32-bit lane of the target's 512-bit dot-product
+        instruction sums for inputs of ``dtype``: 4 for int8 with AVX-512 VNNI (``vpdpbusd``,
+        unsigned x signed bytes into int32), 2 for bfloat16 with AVX512-BF16 (``vdpbf16ps``,
+        pairs into fp32); 1 (a plain multiply-add) otherwise."""
+        if self.vector_bits < 512:
+            return 1
+        if dtype == "int8" and self.has("avx512_vnni"):
+            return 4
+        if dtype == "bfloat16" and self.has("avx512_bf16"):
+            return 2
+        return 1
+
     def fma_chains(self) -> int:
         """Independent accumulators needed to keep every FMA pipe busy (latency x pipes)."""
         return max(1, self.fma_latency * max(1, self.fma_units))

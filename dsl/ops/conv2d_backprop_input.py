@@ -43,8 +43,18 @@ multiplication by zero taps), so strided dx does exactly the forward's multiply-
     For a dense layer whose Cin pads worse to 16 than its Cout (an RGB stem) the vector runs
     along W instead: ``dx_acc_w*`` ``[N, Cin, Hq, Wq']`` (``Wq`` rounded up to 16), reading
     dy_pad as ``[N, Cout, Hp, Wp]`` and the weight stage as ``[Cin, KH, KW, Cout]``.
+``conv2d_backprop_input.wsum``    (int8) weight sums per dx channel, ``[C1x, 16]``: over every
+    tap (``dx_wsum``, ``offset_x != 0``) and over each phase's taps (``dx_wsum_taps*``, VNNI).
 ``conv2d_backprop_input``         the phases interleaved, pad channels zeroed, cast to
     ``res_dtype``.
+
+int8 on a target with AVX-512 VNNI (:func:`dot_depth`; dense layers with Cin in the lanes):
+dy_pad holds the unsigned bytes ``dy + 128`` (padding ``offset_x + 128``) that ``vpdpbusd``
+multiplies with signed weight bytes, the weight stage is ``[C1x, KH, KW, CO/4, 16, 4]`` int8
+(one 512-bit load is 16 lanes x 4 Cout), the reduction's last axis is those 4 Cout
+(tensorized by the schedule), and ``interleave`` takes ``(offset_x + 128) * dx_wsum_taps``
+off each phase: exact, as ``sum (u - (offset_x + 128)) * W`` over a phase's taps is the
+signed sum.
 """
 
 from __future__ import annotations
@@ -114,8 +124,9 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
         accs = {k: phase_acc(p, dyp, wt, *k, twin=e) for k, e in zip(phases, exact)}
     else:
         accs = {k: phase_acc(p, dyp, wt, *k) for k in phases}
-    dx = interleave(p, accs, _attrs(p, filters, out_backprop),
-                    wsum_stage(p, wt) if p.offset_x else None)
+    wsum = wsum_stage(p, wt) if p.offset_x else None
+    dx = interleave(p, accs, _attrs(p, filters, out_backprop), wsum,
+                    _phase_wsums(p, wt, accs, wsum) if p.dot > 1 and p.qlay is not None else None)
     return tag.with_side_stages(dx, [flag, *exact]) if has_twins else dx
 
 
@@ -150,6 +161,13 @@ class Plan:
     acc_dtype: str  # every stage computes in it (see accumulation_dtype)
     offset_x: int = 0  # int8 only: what the stride holes and the padding of dy read
     qlay: Int8DxLayout | None = None  # int8 only: the int8 dx FracZ of ``filters``
+    dot: int = 1  # Cout per lane of one dot-product step (see dot_depth); 1: multiply-adds
+
+    @property
+    def dot_dtype(self) -> str:
+        """dtype of dy_pad and the weight stage when ``dot > 1``: the operands of the
+        target's dot-product instruction (``vpdpbusd`` takes dy as unsigned bytes)."""
+        return "uint8" if self.dtype == "int8" else self.dtype
 
     @property
     def n(self) -> int:
@@ -210,7 +228,26 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
     # input_sizes can fit int32 while its 5HD result (C padded to 16) does not
     check_elems("input_sizes", list(x_sizes), (n, ceil_div(cin, C0), h, w, C0), "the 5HD dx")
     p = _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw)
-    return replace(p, offset_x=offset_x, qlay=qlay)
+    return replace(p, offset_x=offset_x, qlay=qlay, dot=dot_depth(dtype, lay, p.positions))
+
+
+def dot_depth(dtype: str, lay: GroupLayout, positions: bool) -> int:
+    """Output channels one lane sums per step of the current target's dot-product
+    instruction (:meth:`targets.CpuTarget.dot_depth`: 4 for int8 with AVX-512 VNNI), for a
+    dense layer with Cin in the lanes; else 1.
+
+    With ``dot > 1`` the stages keep the narrow dtype and the weight stage puts ``dot``
+    consecutive Cout innermost, ``[C1x, KH, KW, CO/dot, 16, dot]``, so one 512-bit load
+    holds the 16 lanes x ``dot`` products the instruction sums (as TVM's x86 int8 compute
+    picks its packing by the target's int8 support). Every target computes these stages
+    correctly; only one with the instruction runs them at its rate."""
+    import targets
+
+    if positions or not lay.dense or dtype != "int8":
+        # bfloat16: TVM 0.27 turns every bfloat16 value into uint16 before LLVM
+        # (BF16StorageLegalize), and LLVM's vdpbf16ps takes <32 x bfloat> (README, limitations)
+        return 1
+    return targets.current().dot_depth(dtype)
 
 
 def _check_para(para_dict) -> Conv2dPara:
@@ -289,7 +326,7 @@ def _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw) ->
     # few input channels (an RGB stem): Cin in the lanes would be mostly padding, so the
     # lanes run along W instead: dy and the weight go to NCHW-like layouts, dx positions are
     # the vector, the weight is broadcast per (ci, tap, co)
-    positions = lay.dense and dy_shape[1] * C0 * cin < ceil_div(cin, C0) * C0 * cout
+    positions = lay.dense and ceil_div(cout, C0) * cin < ceil_div(cin, C0) * cout
     if positions:
         # each phase computes a whole number of 16-wide rows (the extra columns read dy's
         # zero padding and are never picked), so no vector is ragged
@@ -319,22 +356,28 @@ def _channel(p: Plan, cx1, cx0):
     return p.lay.group_of_input_channel(c if p.cin % C0 == 0 else te.min(c, p.cin - 1))
 
 
-def _padded_dy(p: Plan, dy, b, ch, hp, wp):
+def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False):
     """dy channel ``ch`` at padded row / column ``(hp, wp)`` in ``p.acc_dtype``; zero in the
     padding (the read is clamped so it stays in bounds where both arms are evaluated).
 
     int8: ``dy - offset_x``, so the padding's 0 is the ``offset_x`` TBE reads there, and the
-    stride holes (never read) are added back as ``offset_x * sum(W)`` in :func:`interleave`."""
+    stride holes (never read) are added back as ``offset_x * sum(W)`` in :func:`interleave`.
+    ``unsigned`` (int8 for ``vpdpbusd``): ``dy + 128`` as uint8, the padding ``offset_x + 128``
+    (the same values shifted by ``offset_x + 128``)."""
     import tvm
     from tvm import te
 
     ah, aw, c0y = p.ah, p.aw, p.c0y
     src_h, src_w = hp - p.pad_h, wp - p.pad_w
-    val = dy[b, ch // c0y, clamp_index(src_h, ah.n_out), clamp_index(src_w, aw.n_out),
-             ch % c0y].astype(p.acc_dtype)
+    raw = dy[b, ch // c0y, clamp_index(src_h, ah.n_out), clamp_index(src_w, aw.n_out),
+             ch % c0y]
+    ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
+    if unsigned:
+        val = (raw.astype("int32") + 128).astype("uint8")
+        return te.if_then_else(ok, val, tvm.tirx.const(p.offset_x + 128, "uint8"))
+    val = raw.astype(p.acc_dtype)
     if p.offset_x:
         val = val - tvm.tirx.const(p.offset_x, p.acc_dtype)
-    ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
     return te.if_then_else(ok, val, tvm.tirx.const(0, p.acc_dtype))
 
 
@@ -349,6 +392,8 @@ def dy_stage(p: Plan, out_backprop):
 
         return te.compute((p.n, p.cout, p.size_h, p.size_w), dyt_body, name="dx_dy_pad",
                           tag=tag.stage(TAG, "dy_pad"))
+    if p.dot > 1:
+        return _dy_dot(p, out_backprop)
     if p.qlay is not None and p.lay.dense:
         return _dy_int8_dense(p, out_backprop)
     if p.lay.dense and p.dtype == p.acc_dtype and p.pad_h == p.pad_w == 0 and \
@@ -367,6 +412,28 @@ def _dy_int8_dense(p: Plan, out_backprop):
 
     def body(b, c1, hp, wp, c0):
         return _padded_dy(p, out_backprop, b, te.min(c1 * C0 + c0, p.cout - 1), hp, wp)
+
+    return te.compute((p.n, p.c1y, p.size_h, p.size_w, C0), body, name="dx_dy_pad",
+                      tag=tag.stage(TAG, "dy_pad"))
+
+
+def _dy_dot(p: Plan, out_backprop):
+    """dy (``p.dot > 1``) padded in the dot-product operand dtype, ``[N, C1y, Hp, Wp, 16]``:
+    the ``dot`` Cout a lane sums per step are adjacent, one 32-bit broadcast. int8 dy becomes
+    the unsigned byte ``dy + 128`` (the padding ``offset_x + 128``) that ``vpdpbusd`` takes;
+    :func:`interleave` takes ``(offset_x + 128) * sum(W)`` over each phase's taps off again.
+    bfloat16 is only padded (dy itself when nothing is to pad)."""
+    from tvm import te
+
+    if p.qlay is None:
+        if p.pad_h == p.pad_w == 0 and (p.size_h, p.size_w) == (p.ah.n_out, p.aw.n_out):
+            return out_backprop
+        return pad_cast_5hd_compute(out_backprop, (p.pad_h, p.pad_w), (p.size_h, p.size_w),
+                                    p.dtype, name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
+
+    def body(b, c1, hp, wp, c0):
+        ch = te.min(c1 * C0 + c0, p.cout - 1)
+        return _padded_dy(p, out_backprop, b, ch, hp, wp, unsigned=True)
 
     return te.compute((p.n, p.c1y, p.size_h, p.size_w, C0), body, name="dx_dy_pad",
                       tag=tag.stage(TAG, "dy_pad"))
@@ -394,8 +461,9 @@ def _dy_regather(p: Plan, out_backprop):
 
 def weight_stage(p: Plan, filters):
     """``weight``: the FracZ weight repacked for the reduction, in ``p.acc_dtype``:
-    ``[Cin, KH, KW, Cout]`` (positions) or ``[C1x, KH, KW, CO, 16]`` with zero pad channels."""
-    import tvm
+    ``[Cin, KH, KW, Cout]`` (positions) or ``[C1x, KH, KW, CO, 16]`` with zero pad channels;
+    with ``p.dot > 1`` (see :func:`dot_depth`) ``[C1x, KH, KW, CO/dot, 16, dot]`` in the input
+    dtype."""
     from tvm import te
 
     lay, acc = p.lay, p.acc_dtype
@@ -410,25 +478,41 @@ def weight_stage(p: Plan, filters):
                           tag=tag.stage(TAG, "weight"))
 
     def weight_body(cx1, k_h, k_w, co, cx0):
-        g, ci = _channel(p, cx1, cx0)
-        if p.qlay is not None:  # int8 dx FracZ; a pad Cout (< the 32-block) stays in bounds
-            co_c = te.min(co, p.cout - 1) if lay.dense else co  # pad Cout: masked below
-            val = filters[p.qlay.fracz_index(g * lay.cout_g + co_c, ci, k_h, k_w)].astype(acc)
-        else:
-            row, lane = lay.fracz_row_lane(g, ci, k_h, k_w)
-            col1, col0 = lay.fracz_col(g, co)
-            val = filters[row, col1, col0, lane].astype(acc)
-        conds = []
-        if p.cin % C0:
-            conds.append(cx1 * C0 + cx0 < p.cin)
-        if lay.dense and p.cout % C0:
-            conds.append(co < p.cout)
-        if not conds:
-            return val
-        return te.if_then_else(tvm.tirx.all(*conds), val, tvm.tirx.const(0, acc))
+        return _weight_value(p, filters, cx1, k_h, k_w, co, cx0, acc)
 
+    def weight_dot_body(cx1, k_h, k_w, co_o, cx0, co_i):
+        return _weight_value(p, filters, cx1, k_h, k_w, co_o * p.dot + co_i, cx0, p.dtype)
+
+    if p.dot > 1:  # see dot_depth
+        return te.compute((p.c1x, lay.kh, lay.kw, p.co_ext // p.dot, C0, p.dot),
+                          weight_dot_body, name="dx_weight", tag=tag.stage(TAG, "weight"))
     return te.compute((p.c1x, lay.kh, lay.kw, p.co_ext, C0), weight_body, name="dx_weight",
                       tag=tag.stage(TAG, "weight"))
+
+
+def _weight_value(p: Plan, filters, cx1, k_h, k_w, co, cx0, dtype: str):
+    """W of dx channel ``cx1*16 + cx0`` and group Cout ``co`` at tap ``(k_h, k_w)`` in
+    ``dtype``; zero for pad channels."""
+    import tvm
+    from tvm import te
+
+    lay = p.lay
+    g, ci = _channel(p, cx1, cx0)
+    if p.qlay is not None:  # int8 dx FracZ; a pad Cout (< the 32-block) stays in bounds
+        co_c = te.min(co, p.cout - 1) if lay.dense else co  # pad Cout: masked below
+        val = filters[p.qlay.fracz_index(g * lay.cout_g + co_c, ci, k_h, k_w)].astype(dtype)
+    else:
+        row, lane = lay.fracz_row_lane(g, ci, k_h, k_w)
+        col1, col0 = lay.fracz_col(g, co)
+        val = filters[row, col1, col0, lane].astype(dtype)
+    conds = []
+    if p.cin % C0:
+        conds.append(cx1 * C0 + cx0 < p.cin)
+    if lay.dense and p.cout % C0:
+        conds.append(co < p.cout)
+    if not conds:
+        return val
+    return te.if_then_else(tvm.tirx.all(*conds), val, tvm.tirx.const(0, dtype))
 
 
 def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
@@ -486,7 +570,12 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
     """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``."""
     from tvm import te
 
-    if p.lay.dense:
+    if p.dot > 1:  # the last reduction axis is the dot-product instruction's (dot_depth)
+        rco1 = te.reduce_axis((0, p.c1y), name="co1")
+        rco_o = te.reduce_axis((0, C0 // p.dot), name="co0")
+        rco_i = te.reduce_axis((0, p.dot), name="co_dot")
+        red = [rco1, *jhw, rco_o, rco_i]
+    elif p.lay.dense:
         rco1 = te.reduce_axis((0, p.c1y), name="co1")
         rco0 = te.reduce_axis((0, C0), name="co0")
         red = [rco1, *jhw, rco0]
@@ -496,7 +585,10 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
 
     def body(b, cx1, qh, qw, cx0):
         row_h, row_w, k_h, k_w = tap(qh, qw)
-        if p.lay.dense:
+        if p.dot > 1:
+            dyv = dyp[b, rco1, row_h, row_w, rco_o * p.dot + rco_i].astype(p.acc_dtype)
+            wv = wt[cx1, k_h, k_w, rco1 * (C0 // p.dot) + rco_o, cx0, rco_i].astype(p.acc_dtype)
+        elif p.lay.dense:
             dyv = dyp[b, rco1, row_h, row_w, rco0]
             wv = wt[cx1, k_h, k_w, rco1 * C0 + rco0, cx0]
         else:
@@ -523,27 +615,55 @@ def _acc_positions(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
                       name=f"{kind.name}_w{suffix}", tag=kind.tag, attrs=kind.attrs)
 
 
-def wsum_stage(p: Plan, wt):
-    """``wsum`` (int8 with ``offset_x != 0``): ``sum_{co, kh, kw} W[co, c, kh, kw]`` per dx
-    channel (over its group's Cout), ``[C1x, 16]`` or ``[Cin]`` (positions): every tap that
-    reads no real dy element reads ``offset_x``, so ``offset_x * wsum`` restores them."""
+def wsum_stage(p: Plan, wt, taps=None, suffix: str = ""):
+    """``wsum`` (int8): ``sum_{co, kh, kw} W[co, c, kh, kw]`` per dx channel (over its group's
+    Cout), ``[C1x, 16]`` or ``[Cin]`` (positions). With ``offset_x != 0`` every tap that reads
+    no real dy element reads ``offset_x``, so ``offset_x * wsum`` restores them. ``taps``
+    ``((kh0, nh, step_h), (kw0, nw, step_w))`` sums one phase's taps only (``dx_wsum<suffix>``,
+    the shift of the unsigned dy that ``vpdpbusd`` reads)."""
     from tvm import te
 
-    rkh = te.reduce_axis((0, p.lay.kh), name="wkh")
-    rkw = te.reduce_axis((0, p.lay.kw), name="wkw")
+    (k0_h, n_h, st_h), (k0_w, n_w, st_w) = taps or ((0, p.lay.kh, 1), (0, p.lay.kw, 1))
+    rkh = te.reduce_axis((0, n_h), name="wkh")
+    rkw = te.reduce_axis((0, n_w), name="wkw")
+    k_h, k_w = k0_h + rkh * st_h, k0_w + rkw * st_w
+    name, stage = f"dx_wsum{suffix}", tag.stage(TAG, "wsum")
     if p.positions:
         rco = te.reduce_axis((0, p.cout), name="wco")
-        return te.compute((p.cin,), lambda ci: te.sum(wt[ci, rkh, rkw, rco], axis=[rkh, rkw, rco]),
-                          name="dx_wsum", tag=tag.stage(TAG, "wsum"))
+        return te.compute((p.cin,), lambda ci: te.sum(wt[ci, k_h, k_w, rco], axis=[rkh, rkw, rco]),
+                          name=name, tag=stage)
     rco = te.reduce_axis((0, p.co_ext), name="wco")
-    return te.compute((p.c1x, C0), lambda cx1, cx0: te.sum(wt[cx1, rkh, rkw, rco, cx0],
-                                                           axis=[rkh, rkw, rco]),
-                      name="dx_wsum", tag=tag.stage(TAG, "wsum"))
+
+    def body(cx1, cx0):
+        if p.dot > 1:
+            w = wt[cx1, k_h, k_w, rco // p.dot, cx0, rco % p.dot].astype(p.acc_dtype)
+        else:
+            w = wt[cx1, k_h, k_w, rco, cx0]
+        return te.sum(w, axis=[rkh, rkw, rco])
+
+    return te.compute((p.c1x, C0), body, name=name, tag=stage)
 
 
-def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
-    """The anchor ``dx``: the phases interleaved, plus ``offset_x * wsum`` (int8), pad
-    channels zeroed, cast to res_dtype."""
+def _phase_wsums(p: Plan, wt, accs: dict, wsum) -> dict:
+    """Per phase of ``accs``, the weight sum over its taps (int8 with ``dot > 1``): each phase
+    reads ``offset_x + 128`` more per tap than the signed dy, which :func:`interleave` takes
+    off. A phase with every tap shares ``wsum``."""
+    out = {}
+    for ph, pw in accs:
+        (_, k0_h, nt_h, _), (_, k0_w, nt_w, _) = p.phases_h[ph], p.phases_w[pw]
+        taps = ((k0_h, nt_h, p.ah.tap_step), (k0_w, nt_w, p.aw.tap_step))
+        if wsum is not None and (nt_h, nt_w) == (p.lay.kh, p.lay.kw):
+            out[ph, pw] = wsum
+        else:
+            suffix = "" if len(accs) == 1 else f"_{ph}_{pw}"
+            out[ph, pw] = wsum_stage(p, wt, taps, f"_taps{suffix}")
+    return out
+
+
+def interleave(p: Plan, accs: dict, attrs: dict, wsum=None, phase_wsums=None):
+    """The anchor ``dx``: the phases interleaved, plus ``offset_x * wsum`` (int8), minus
+    ``(offset_x + 128) * phase_wsums[phase]`` (int8 through ``vpdpbusd``), pad channels
+    zeroed, cast to res_dtype."""
     import tvm
     from tvm import te
 
@@ -569,6 +689,9 @@ def interleave(p: Plan, accs: dict, attrs: dict, wsum=None):
                 got = acc[b, te.min(cx1 * C0 + cx0, p.cin - 1), qh, qw]
             else:
                 got = acc[b, cx1, qh, qw, cx0]
+            if phase_wsums is not None:
+                shift = tvm.tirx.const(p.offset_x + 128, p.acc_dtype)
+                got = got - shift * phase_wsums[ph, pw][cx1, cx0]
             conds = ([i % sh == ph] if sh > 1 else []) + ([j % sw == pw] if sw > 1 else [])
             val = te.if_then_else(tvm.tirx.all(*conds), got, val) if conds else got
         return val

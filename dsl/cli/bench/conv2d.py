@@ -120,6 +120,56 @@ def _setup_dx(layer: Layer, dtype: str) -> Prepared:
                     check=check, tolerance=tolerance(dtype))
 
 
+def _setup_dx_int8(layer: Layer) -> Prepared:
+    """int8 dx (TBE's quantised dx: int8 dy in 5HD C0 = 32, the int8 dx FracZ, int32 result;
+    ``offset_x`` 0); the peer is PyTorch's float32 dx of the same integers, which also checks
+    the result (exact up to fp32 rounding of the peer's sums)."""
+    import tvm
+    from tvm import te
+
+    import targets
+    from dsl.ops.conv2d_backprop_input import conv2d_backprop_input
+    from dsl.ops.group import Int8DxLayout
+    from dsl.ops.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+
+    tgt = targets.current()
+    rng = np.random.default_rng(0)
+    ho = layer.out
+    dy = rng.integers(-128, 128, (layer.n, layer.cout, ho, ho)).astype(np.int8)
+    w = rng.integers(-128, 128, layer.w_shape()).astype(np.int8)
+    fz_shape = Int8DxLayout.from_weight(layer.w_shape(), layer.groups).fracz_shape
+    dy_t = te.placeholder((layer.n, -(-layer.cout // 32), ho, ho, 32), name="out_backprop",
+                          dtype="int8")
+    w_t = te.placeholder(fz_shape, name="filters", dtype="int8")
+    dx_t = conv2d_backprop_input(w_t, dy_t, layer.w_shape(),
+                                 (layer.n, layer.cin, layer.hw, layer.hw),
+                                 layer.para(res_dtype="int32", groups=layer.groups))
+    kernel, seconds = fresh_build([dx_t], [w_t, dy_t], f"bench_dx8_{layer.name}")
+    func, meta = kernel.func, kernel.meta
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(weight_to_fracz(w, layer.groups), dev),
+            tvm.runtime.tensor(nchw_to_5hd(dy), dev),
+            tvm.runtime.tensor(np.zeros([int(d) for d in dx_t.shape], "int32"), dev)]
+
+    torch = torch_peer(tgt.cores)
+    peer = check = None
+    if torch is not None:
+        tdy, tw = torch.from_numpy(dy.astype(np.float32)), torch.from_numpy(w.astype(np.float32))
+        size = (layer.n, layer.cin, layer.hw, layer.hw)
+        kw = _peer_args(layer)
+
+        def peer():
+            return torch.nn.grad.conv2d_input(size, tw, tdy, **kw)
+
+        def check():
+            func(*args)
+            return rel_err(nc1hwc0_to_nchw(args[-1].numpy(), layer.cin), peer().numpy())
+
+    return Prepared(lambda: func(*args), peer, seconds,
+                    {"rule": meta["schedule"]["rule"], "target": tgt.name, "dtype": "int8"},
+                    check=check, tolerance=tolerance("int8"))
+
+
 def _setup_dw(layer: Layer, dtype: str) -> Prepared:
     import tvm
     from tvm import te
@@ -172,8 +222,19 @@ def _dtype() -> str:
     return os.environ.get("DSL_BENCH_DTYPE", "float32")
 
 
+def _dx(layer: Layer) -> Prepared:
+    dtype = _dtype()
+    return _setup_dx_int8(layer) if dtype == "int8" else _setup_dx(layer, dtype)
+
+
+def _dw(layer: Layer) -> Prepared:
+    dtype = _dtype()
+    if dtype == "int8":
+        raise ValueError("no int8 dw: TBE's conv2d_backprop_filter takes float16, float32 "
+                         "or bfloat16")
+    return _setup_dw(layer, dtype)
+
+
 for _layer in LAYERS:
-    register(Workload(SUITE, _layer.name, "dx", _layer.flops,
-                      lambda _l=_layer: _setup_dx(_l, _dtype())))
-    register(Workload(SUITE, _layer.name, "dw", _layer.flops,
-                      lambda _l=_layer: _setup_dw(_l, _dtype())))
+    register(Workload(SUITE, _layer.name, "dx", _layer.flops, lambda _l=_layer: _dx(_l)))
+    register(Workload(SUITE, _layer.name, "dw", _layer.flops, lambda _l=_layer: _dw(_l)))

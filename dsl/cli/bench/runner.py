@@ -33,8 +33,9 @@ def _parse(argv):
                         "several (1,2,16) run every workload at each count in this run, "
                         "one row per count, geomeans per count")
     p.add_argument("--target", default=None, help="target name (default: host)")
-    p.add_argument("--dtype", default=None, choices=("float32", "float16"),
-                   help="input dtype of our kernels (the peer runs float32)")
+    p.add_argument("--dtype", default=None, choices=("float32", "float16", "int8"),
+                   help="input dtype of our kernels (the peer runs float32); int8: the conv2d "
+                        "suite's dx rows (int32 results), %% roof of the int8 roof")
     p.add_argument("--settle", type=float, default=0.02,
                    help="seconds to sleep before each sample, so the other side's spinning "
                         "worker threads (TVM pool, OpenMP) park first")
@@ -296,14 +297,17 @@ def add_roof(rows, threads: int, out=None) -> None:
     from targets import roof
 
     out = out or sys.stdout
+    # int8 kernels (bench --dtype int8) are held to this machine's int8 dot-product roof
+    kind = "int8" if os.environ.get("DSL_BENCH_DTYPE") == "int8" else "float32"
+    name = {"int8": "int8", "float32": "fp32"}[kind]
     try:
-        peak = roof.measured_peak("float32", threads)
-        print(f"# % roof of GFLOP/s rows: fp32 roof {peak.gflops:.1f} GFLOP/s on {threads} "
+        peak = roof.measured_peak(kind, threads)
+        print(f"# % roof of GFLOP/s rows: {name} roof {peak.gflops:.1f} GFLOP/s on {threads} "
               f"thread(s) ({peak.gflops_per_core:.1f} per core at {peak.ghz:.2f} GHz; "
               f"python -m dsl peak; {roof.cache_file()})", file=out)
-        _set_roof(rows, "GFLOP/s", "ours_gflops", peak.gflops, "fp32")
+        _set_roof(rows, "GFLOP/s", "ours_gflops", peak.gflops, name)
     except roof.RoofError as err:
-        print(f"# fp32 roof unavailable: {err}", file=out)
+        print(f"# {name} roof unavailable: {err}", file=out)
     if not any(r.get("ours_gbps") and r.get("unit") == "GB/s" for r in rows):
         return  # no memory-bound row: the bandwidth is not measured for nothing
     try:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import dsl
+import targets
 from dsl import kernel_cache
 
 from cases import C
@@ -45,7 +46,10 @@ def ref_dx_int8(dy, w, x_shape, stride, pads, dil, groups, offset_x):
     return dx
 
 
-def int8_kernel(c, offset_x, target=None):
+def int8_kernel(c, offset_x, target=None, layout_for=None):
+    """The int8 dx kernel of case ``c``, built for ``target`` (host); ``layout_for``: the
+    target whose facts lay the compute out (default: the one in force), so the ``vpdpbusd``
+    layout is checked on a host without VNNI too."""
     ho, wo = out_hw(c)
     w_sizes = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
     fz_shape = dsl.layout.Int8DxLayout.from_weight(w_sizes, c["groups"]).fracz_shape
@@ -55,14 +59,15 @@ def int8_kernel(c, offset_x, target=None):
         dy = te.placeholder((c["n"], -(-c["cout"] // 32), ho, wo, 32), name="out_backprop",
                             dtype="int8")
         w = te.placeholder(fz_shape, name="filters", dtype="int8")
-        dx = dsl.conv2d_backprop_input(
-            w, dy, w_sizes, (c["n"], c["cin"], c["h"], c["w"]),
-            {"strides": list(c["stride"]), "padding": list(c["pads"]),
-             "dilations": [1, 1, *c["dil"]], "res_dtype": "int32", "offset_x": offset_x,
-             "offset_w": None, "groups": c["groups"]})
+        with targets.use(layout_for or targets.current()):
+            dx = dsl.conv2d_backprop_input(
+                w, dy, w_sizes, (c["n"], c["cin"], c["h"], c["w"]),
+                {"strides": list(c["stride"]), "padding": list(c["pads"]),
+                 "dilations": [1, 1, *c["dil"]], "res_dtype": "int32", "offset_x": offset_x,
+                 "offset_w": None, "groups": c["groups"]})
         return [w, dy], [dx]
 
-    sig = {"op": "dx_int8", "case": c, "offset_x": offset_x}
+    sig = {"op": "dx_int8", "case": c, "offset_x": offset_x, "layout_for": layout_for}
     return kernel_cache.get_kernel(sig, make, prefix="t_dx8", target=target)
 
 
@@ -74,11 +79,11 @@ def int8_data(c, seed=0):
     return dy, w.astype(np.int8)
 
 
-def run_int8(c, offset_x):
+def run_int8(c, offset_x, layout_for=None):
     dy, w = int8_data(c)
     fz, dy5 = dsl.layout.weight_to_fracz(w, c["groups"]), dsl.layout.nchw_to_5hd(dy)
     assert dy5.shape[-1] == 32 and fz.shape[-2:] == (16, 32)
-    out5 = int8_kernel(c, offset_x)(fz, dy5)
+    out5 = int8_kernel(c, offset_x, layout_for=layout_for)(fz, dy5)
     assert out5.dtype == np.int32 and out5.shape[-1] == 16
     flat = np.moveaxis(out5, -1, 2).reshape(out5.shape[0], -1, *out5.shape[2:4])
     assert not flat[:, c["cin"]:].any(), "pad channels must be zero"
@@ -108,6 +113,33 @@ def test_dx_int8_bit_exact(c, offset_x):
         fref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"],
                       c["dil"], c["groups"])
         np.testing.assert_array_equal(ref, fref.astype(np.int64))
+
+
+# dense layers (Cin in the lanes), where a VNNI target lays dy out as unsigned bytes and the
+# weight as [.., Cout/4, 16, 4] for vpdpbusd
+DOT_CASES = [
+    (C(2, 37, 20, 7, 8, 3, 1, (1, 1, 1, 1), 1, 1), (0, -128, 127)),  # odd channels, batch 2
+    (C(1, 16, 40, 9, 10, 3, 2, (1, 0, 0, 1), 1, 1), (5,)),            # stride 2, asym pad
+    (C(1, 40, 24, 13, 12, (3, 2), (3, 2), (2, 1, 0, 2), 2, 1), (-7,)),  # stride 3, dil 2
+    (C(2, 33, 17, 11, 9, 1, 1, (0, 0, 0, 0), 1, 1), (0, 3)),          # 1x1, prime sizes
+]
+DOT_PARAMS = [(c, off) for c, offs in DOT_CASES for off in offs]
+
+
+@pytest.mark.parametrize("c,offset_x", DOT_PARAMS,
+                         ids=[f"{case_id(c)}_off{o}" for c, o in DOT_PARAMS])
+def test_dx_int8_vnni_layout_bit_exact(c, offset_x):
+    """The vpdpbusd layout (unsigned dy, per-phase weight sums taken off) is exact on any
+    host: laid out for a VNNI target, scheduled for this one (tensorized where it has VNNI,
+    multiply-adds where not)."""
+    from dsl.ops.conv2d_backprop_input import dot_depth
+    from dsl.ops.group import GroupLayout
+
+    w_sizes = (c["cout"], c["cin"], c["kh"], c["kw"])
+    with targets.use("icelake-server"):
+        assert dot_depth("int8", GroupLayout.from_weight(w_sizes, 1), False) == 4
+    out, ref, _, _ = run_int8(c, offset_x, layout_for="icelake-server")
+    np.testing.assert_array_equal(out, ref)
 
 
 def test_int8_reference_offset_is_holes_and_padding():
