@@ -94,6 +94,18 @@ def dx_acc_tiles(sch, block, target):
                             dot_intrin=dot_intrinsic(sch, block, target))
 
 
+def weight_sums(sch, block) -> None:
+    """``dx_wsum*`` ``[C1x, 16]`` (int8): the 16 lanes in one vector, summed over the taps and
+    Cout below the channel block (serially, one scalar at a time, they cost the time of a
+    small layer's whole reduction)."""
+    if tb.spatial_count(sch, block) != 2:  # [Cin] (positions): small, left as it is
+        return
+    cx1, cx0, *red = sch.get_loops(block)
+    sch.reorder(cx1, *red, cx0)
+    sch.vectorize(cx0)
+    sch.decompose_reduction(block, red[0])
+
+
 @schedules.register(tag.CONV2D_BACKPROP_INPUT, "x86")
 def schedule_dx_x86(sch, workload) -> None:
     target = workload.target
@@ -113,6 +125,9 @@ def schedule_dx_x86(sch, workload) -> None:
                 sch, workload, wb, workload.find(sch, tag.CONV2D_BACKPROP_INPUT), RULE):
             stages.remove(tag.CONV2D_BACKPROP_INPUT)
     schedule_fallbacks(sch, workload, tag.CONV2D_BACKPROP_INPUT, RULE)
+    for block in workload.find_all(sch, tag.DX_WSUM):
+        weight_sums(sch, block)
+        workload.note(sch.get(block).name_hint, RULE, "weight sums, the lanes in a vector")
     for stage in stages:
         block = workload.find(sch, stage)
         if block is not None:

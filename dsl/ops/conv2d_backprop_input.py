@@ -627,7 +627,7 @@ def wsum_stage(p: Plan, wt, taps=None, suffix: str = ""):
     rkh = te.reduce_axis((0, n_h), name="wkh")
     rkw = te.reduce_axis((0, n_w), name="wkw")
     k_h, k_w = k0_h + rkh * st_h, k0_w + rkw * st_w
-    name, stage = f"dx_wsum{suffix}", tag.stage(TAG, "wsum")
+    name, stage = f"dx_wsum{suffix}", tag.DX_WSUM
     if p.positions:
         rco = te.reduce_axis((0, p.cout), name="wco")
         return te.compute((p.cin,), lambda ci: te.sum(wt[ci, k_h, k_w, rco], axis=[rkh, rkw, rco]),

@@ -32,6 +32,7 @@ DX_WEIGHT = "conv2d_backprop_input.weight"
 DX_ACC = "conv2d_backprop_input.acc"  # one per stride phase
 DX_NONFINITE = "conv2d_backprop_input.nonfinite"  # the weight scan (dsl.ops.fallback)
 DX_EXACT = "conv2d_backprop_input.exact"  # per phase, padding never multiplied in
+DX_WSUM = "conv2d_backprop_input.wsum"  # int8: weight sums per dx channel
 DW_X_PAD = "conv2d_backprop_filter.x_pad"
 DW_DY_CAST = "conv2d_backprop_filter.dy_cast"
 DW_DY_GROUP = "conv2d_backprop_filter.dy_group"

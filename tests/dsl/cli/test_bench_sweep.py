@@ -140,3 +140,34 @@ def test_suite_ops_is_the_operator_suites(capsys):
         runner._parse(["--help"])
     assert "ops = convnd,pool,deconv" in capsys.readouterr().out.replace("\n", " ").replace(
         "  ", " ")
+
+
+def test_int8_rows_are_held_to_the_int8_roof(monkeypatch, capsys):
+    asked = []
+
+    def peak(dtype, threads):
+        asked.append(dtype)
+        return FMA
+
+    monkeypatch.setattr(roof, "measured_peak", peak)
+    monkeypatch.setenv("DSL_BENCH_DTYPE", "int8")
+    rows = [{"unit": "GFLOP/s", "ours_gflops": 100.0}]
+    runner.add_roof(rows, 2)
+    assert asked == ["int8"] and rows[0]["roof"] == "int8"
+    assert rows[0]["roof_pct"] == pytest.approx(100 * 100.0 / FMA.gflops)
+    assert "int8 roof" in capsys.readouterr().out
+
+
+def test_int8_dx_row_checks_its_result_and_refuses_dw(monkeypatch):
+    """The conv2d suite's int8 dx row on a real (1x1) layer, checked against PyTorch's float32
+    dx of the same integers; int8 has no dw row."""
+    pytest.importorskip("torch")
+    from dsl.cli.bench import conv2d
+
+    monkeypatch.setenv("DSL_BENCH_DTYPE", "int8")
+    layer = next(lay for lay in conv2d.LAYERS if lay.name == "resnet50_1x1")
+    prep = conv2d._dx(layer)
+    assert prep.info["dtype"] == "int8"
+    assert prep.verify() <= 1e-5
+    with pytest.raises(ValueError, match="no int8 dw"):
+        conv2d._dw(layer)
