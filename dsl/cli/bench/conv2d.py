@@ -77,12 +77,10 @@ def _setup_dx(layer: Layer, dtype: str) -> Prepared:
     import tvm
     from tvm import te
 
-    import targets
     from dsl.ops.conv2d_backprop_input import conv2d_backprop_input
     from dsl.ops.group import GroupLayout
-    from dsl.ops.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+    from dsl.ops.layout import nchw_to_5hd, weight_to_fracz
 
-    tgt = targets.current()
     rng = np.random.default_rng(0)
     ho = layer.out
     dy = rng.standard_normal((layer.n, layer.cout, ho, ho), dtype=np.float32)
@@ -93,18 +91,28 @@ def _setup_dx(layer: Layer, dtype: str) -> Prepared:
     w_t = te.placeholder(fz_shape, name="filters", dtype=dtype)
     dx_t = conv2d_backprop_input(w_t, dy_t, layer.w_shape(),
                                  (layer.n, layer.cin, layer.hw, layer.hw),
-                                     layer.para(res_dtype="float32"))
+                                 layer.para(res_dtype="float32"))
     kernel, seconds = fresh_build([dx_t], [w_t, dy_t], f"bench_dx_{layer.name}")
-    func, meta = kernel.func, kernel.meta
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(weight_to_fracz(w, layer.groups).astype(dtype), dev),
             tvm.runtime.tensor(nchw_to_5hd(dy).astype(dtype), dev),
             tvm.runtime.tensor(np.zeros([int(d) for d in dx_t.shape], "float32"), dev)]
 
+    return _dx_prepared(layer, kernel, seconds, args, (dy, w), dtype)
+
+
+def _dx_prepared(layer: Layer, kernel, seconds: float, args, dy_w, dtype: str) -> Prepared:
+    """A dx row: ``kernel`` on ``args`` against PyTorch's float32 dx of the NCHW ``dy_w``
+    (which also checks the result) when PyTorch is installed."""
+    import targets
+    from dsl.ops.layout import nc1hwc0_to_nchw
+
+    tgt = targets.current()
+    func, meta = kernel.func, kernel.meta
     torch = torch_peer(tgt.cores)
     peer = check = None
     if torch is not None:
-        tdy, tw = torch.from_numpy(dy), torch.from_numpy(w)
+        tdy, tw = (torch.from_numpy(a.astype(np.float32)) for a in dy_w)
         size = (layer.n, layer.cin, layer.hw, layer.hw)
         kw = _peer_args(layer)
 
@@ -127,12 +135,10 @@ def _setup_dx_int8(layer: Layer) -> Prepared:
     import tvm
     from tvm import te
 
-    import targets
     from dsl.ops.conv2d_backprop_input import conv2d_backprop_input
     from dsl.ops.group import Int8DxLayout
-    from dsl.ops.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
+    from dsl.ops.layout import nchw_to_5hd, weight_to_fracz
 
-    tgt = targets.current()
     rng = np.random.default_rng(0)
     ho = layer.out
     dy = rng.integers(-128, 128, (layer.n, layer.cout, ho, ho)).astype(np.int8)
@@ -145,29 +151,12 @@ def _setup_dx_int8(layer: Layer) -> Prepared:
                                  (layer.n, layer.cin, layer.hw, layer.hw),
                                  layer.para(res_dtype="int32", groups=layer.groups))
     kernel, seconds = fresh_build([dx_t], [w_t, dy_t], f"bench_dx8_{layer.name}")
-    func, meta = kernel.func, kernel.meta
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(weight_to_fracz(w, layer.groups), dev),
             tvm.runtime.tensor(nchw_to_5hd(dy), dev),
             tvm.runtime.tensor(np.zeros([int(d) for d in dx_t.shape], "int32"), dev)]
 
-    torch = torch_peer(tgt.cores)
-    peer = check = None
-    if torch is not None:
-        tdy, tw = torch.from_numpy(dy.astype(np.float32)), torch.from_numpy(w.astype(np.float32))
-        size = (layer.n, layer.cin, layer.hw, layer.hw)
-        kw = _peer_args(layer)
-
-        def peer():
-            return torch.nn.grad.conv2d_input(size, tw, tdy, **kw)
-
-        def check():
-            func(*args)
-            return rel_err(nc1hwc0_to_nchw(args[-1].numpy(), layer.cin), peer().numpy())
-
-    return Prepared(lambda: func(*args), peer, seconds,
-                    {"rule": meta["schedule"]["rule"], "target": tgt.name, "dtype": "int8"},
-                    check=check, tolerance=tolerance("int8"))
+    return _dx_prepared(layer, kernel, seconds, args, (dy, w), "int8")
 
 
 def _setup_dw(layer: Layer, dtype: str) -> Prepared:
