@@ -95,9 +95,9 @@ def dx_acc_tiles(sch, block, target):
 
 
 def weight_sums(sch, block) -> None:
-    """``dx_wsum*`` ``[C1x, 16]`` (int8): the 16 lanes in one vector, summed over the taps and
-    Cout below the channel block (serially, one scalar at a time, they cost the time of a
-    small layer's whole reduction)."""
+    """``dx_wsum*`` ``[C1x, 16]`` (int8 weight sums): the 16 lanes in one vector, the taps and
+    Cout summed below the channel block (unscheduled, they ran as scalar loops on one
+    core)."""
     if tb.spatial_count(sch, block) != 2:  # [Cin] (positions): small, left as it is
         return
     cx1, cx0, *red = sch.get_loops(block)

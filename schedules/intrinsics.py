@@ -6,11 +6,14 @@ one broadcast group of ``A`` with its own group of ``B``::
     C[i] += sum_{k < depth} A[k] * B[i, k]        (i < 16)
 
 ``vpdpbusd`` (AVX-512 VNNI, depth 4: ``A`` unsigned bytes, ``B`` signed bytes, int32 lanes)
-and ``vdpbf16ps`` (AVX512-BF16, depth 2: bfloat16 pairs into fp32 lanes), registered here with
-``C`` in ``local`` scope, where a register tile keeps its accumulators. A schedule asks
-:func:`dot_intrinsic` which one a reduction block can use on a target: the target must have
-the instruction (:meth:`targets.CpuTarget.dot_depth`) and the block's innermost reduction must
-be that many elements of those dtypes; anything else keeps its multiply-adds.
+is registered here with ``C`` in ``local`` scope, where a register tile keeps its
+accumulators (TVM's own ``dot_16x4_vnni`` wants a global ``C`` and passes LLVM ``<16 x i32>``
+operands, which LLVM's verifier now refuses). A schedule asks :func:`dot_intrinsic` which
+one a reduction block can use on a target: the target must have the instruction
+(:meth:`targets.CpuTarget.dot_depth`) and the block's innermost reduction must be that many
+elements of those dtypes; anything else keeps its multiply-adds. ``vdpbf16ps`` (bfloat16
+pairs) is not here: TVM 0.27 turns bfloat16 values into uint16 before LLVM, whose intrinsic
+takes ``<32 x bfloat>`` (README, Known limitations).
 """
 
 from __future__ import annotations
@@ -20,12 +23,9 @@ import functools
 LANES = 16  # int32 / fp32 lanes of one 512-bit register
 
 # (A dtype, B dtype, accumulator dtype) -> (dtype dot_depth is asked for, LLVM intrinsic, the
-# vector type of A's broadcast groups). LLVM's signatures (since LLVM 17/18): vpdpbusd takes
-# <16 x i32>, <64 x i8>, <64 x i8>; vdpbf16ps <16 x float>, <32 x bfloat>, <32 x bfloat>.
+# vector type of A's broadcast groups). LLVM's vpdpbusd takes <16 x i32>, <64 x i8>, <64 x i8>.
 _BY_DTYPES = {
     ("uint8", "int8", "int32"): ("int8", "llvm.x86.avx512.vpdpbusd.512", "uint8x64"),
-    ("bfloat16", "bfloat16", "float32"): ("bfloat16", "llvm.x86.avx512bf16.dpbf16ps.512",
-                                          "bfloat16x32"),
 }
 
 

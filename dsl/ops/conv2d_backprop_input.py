@@ -164,12 +164,6 @@ class Plan:
     dot: int = 1  # Cout per lane of one dot-product step (see dot_depth); 1: multiply-adds
 
     @property
-    def dot_dtype(self) -> str:
-        """dtype of dy_pad and the weight stage when ``dot > 1``: the operands of the
-        target's dot-product instruction (``vpdpbusd`` takes dy as unsigned bytes)."""
-        return "uint8" if self.dtype == "int8" else self.dtype
-
-    @property
     def n(self) -> int:
         return self.x_sizes[0]
 
@@ -418,18 +412,11 @@ def _dy_int8_dense(p: Plan, out_backprop):
 
 
 def _dy_dot(p: Plan, out_backprop):
-    """dy (``p.dot > 1``) padded in the dot-product operand dtype, ``[N, C1y, Hp, Wp, 16]``:
-    the ``dot`` Cout a lane sums per step are adjacent, one 32-bit broadcast. int8 dy becomes
-    the unsigned byte ``dy + 128`` (the padding ``offset_x + 128``) that ``vpdpbusd`` takes;
-    :func:`interleave` takes ``(offset_x + 128) * sum(W)`` over each phase's taps off again.
-    bfloat16 is only padded (dy itself when nothing is to pad)."""
+    """int8 dy (``p.dot > 1``) padded and re-blocked to ``[N, C1y, Hp, Wp, 16]`` as the
+    unsigned bytes ``dy + 128`` (the padding ``offset_x + 128``) that ``vpdpbusd`` takes: the
+    4 Cout a lane sums per step are adjacent, one 32-bit broadcast. :func:`interleave` takes
+    ``(offset_x + 128) * sum(W)`` over each phase's taps off again."""
     from tvm import te
-
-    if p.qlay is None:
-        if p.pad_h == p.pad_w == 0 and (p.size_h, p.size_w) == (p.ah.n_out, p.aw.n_out):
-            return out_backprop
-        return pad_cast_5hd_compute(out_backprop, (p.pad_h, p.pad_w), (p.size_h, p.size_w),
-                                    p.dtype, name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
 
     def body(b, c1, hp, wp, c0):
         ch = te.min(c1 * C0 + c0, p.cout - 1)
