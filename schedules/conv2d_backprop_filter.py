@@ -18,6 +18,8 @@ import math
 
 import schedules
 from dsl.ops import tag
+from schedules.fallback import schedule_fallbacks
+from schedules.intrinsics import dot_intrinsic
 from schedules.toolbox import (
     C0,
     PARALLEL_MIN_ELEMS,
@@ -25,6 +27,7 @@ from schedules.toolbox import (
     elementwise_c0,
     extent,
     extents,
+    parallel_outer,
     register_tile,
     split_loops,
     tile_factor,
@@ -88,15 +91,29 @@ def reduction_chunks(sch, block, target, tiles: dict[int, int]) -> int:
     return max(1, min(chunks, rows))
 
 
+def exact_chunks(rows: int, chunks: int) -> int:
+    """The divisor of ``rows`` nearest ``chunks`` (the smaller on a tie)."""
+    return min((d for d in range(1, rows + 1) if rows % d == 0),
+               key=lambda d: (abs(d - chunks), d))
+
+
 def schedule_acc(sch, block, target, grouped: bool) -> int:
-    """Register-tile one dw accumulator; returns the number of rfactor chunks (1: none)."""
+    """Register-tile one dw accumulator; returns the number of rfactor chunks (1: none).
+    A bfloat16 pair reduction (``dw_acc`` over ``(n, ho, wo2, wo_dot)``) runs its last axis
+    in the target's dot-product instruction where it has one (:func:`dot_intrinsic`)."""
     tiles = dw_tiles(sch, block, target, grouped)
     chunks = reduction_chunks(sch, block, target, tiles)
+    dot = dot_intrinsic(sch, block, target)
+    if dot is not None and chunks > 1:
+        # a chunk split that is not exact leaves a predicate blockize cannot take
+        loops = sch.get_loops(block)
+        chunks = exact_chunks(extent(sch, loops[5]) * extent(sch, loops[6]), chunks)
     if chunks <= 1:
         spatial, red = split_loops(sch, block)
-        register_tile(sch, block, target, spatial, red, tiles, par=[0, 1, 2, 3], serial=[])
+        register_tile(sch, block, target, spatial, red, tiles, par=[0, 1, 2, 3], serial=[],
+                      dot_intrin=dot)
         return 1
-    spatial, (rn, rh, rw) = split_loops(sch, block)
+    spatial, (rn, rh, *_) = split_loops(sch, block)
     rows = sch.fuse(rn, rh)
     r_o, r_i = sch.split(rows, [chunks, None])
     rf = sch.rfactor(r_o, factor_axis=0)
@@ -104,7 +121,7 @@ def schedule_acc(sch, block, target, grouped: bool) -> int:
     cx1, kh, kw, co, lane, chunk, *rf_red = sch.get_loops(rf)
     rf_tiles = {i + 1: t for i, t in tiles.items()}
     register_tile(sch, rf, target, [chunk, cx1, kh, kw, co, lane], rf_red, rf_tiles,
-                  par=[0, 1, 4], serial=[2, 3])
+                  par=[0, 1, 4], serial=[2, 3], dot_intrin=dot_intrinsic(sch, rf, target))
     # the chunk sum: lane axis vectorised below the chunk loop
     c1, kh, kw, co, lane, r = sch.get_loops(block)
     sch.reorder(r, lane)
@@ -132,3 +149,21 @@ def schedule_dw_x86(sch, workload) -> None:
         if block is not None:
             elementwise_c0(sch, block, target)
             workload.note(sch.get(block).name_hint, RULE, "elementwise 5HD stage")
+    for stage in (tag.DW_X_PAIR, tag.DW_DY_PAIR):
+        block = workload.find(sch, stage)
+        if block is not None:
+            pair_stage(sch, block, target)
+            workload.note(sch.get(block).name_hint, RULE, "pair stage: lanes x pair vectorised")
+    schedule_fallbacks(sch, workload, tag.CONV2D_BACKPROP_FILTER, RULE)
+
+
+def pair_stage(sch, block, target) -> None:
+    """``x_pair [.., 16, 2]`` / ``dy_pair [.., 2]``: the innermost axes fused into one
+    vector of up to 64 bytes, the outer loops across cores."""
+    loops = sch.get_loops(block)
+    inner = loops[-1]
+    if extent(sch, loops[-2]) * extent(sch, inner) <= 32:
+        inner = sch.fuse(loops[-2], inner)
+    sch.vectorize(inner)
+    if extents(sch, sch.get_loops(block)) >= PARALLEL_MIN_ELEMS and target.cores > 1:
+        parallel_outer(sch, block, max_fuse=3)

@@ -342,6 +342,11 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
             sch.annotate(outer, key, value)
         sch.tensorize(outer, dot_intrin)
         sch.vectorize(sch.get_loops(init)[-1])
+        from schedules.intrinsics import llvm_import
+
+        code = llvm_import(dot_intrin)
+        if code is not None:  # the instruction is an LLVM function the kernel links in
+            sch.annotate(fused, "pragma_import_llvm", code)
     last = sch.get_loops(wb)[-1]
     if extent(sch, last) > lanes and extent(sch, last) % lanes == 0:
         last = sch.split(last, [None, lanes])[-1]

@@ -68,7 +68,12 @@ def para(c, **extra):
             "dilations": [1, 1, *c["dil"]], **extra}
 
 
-def dx_kernel(c, dtype, res_dtype, target=None):
+def dx_kernel(c, dtype, res_dtype, target=None, layout_for=None):
+    """The dx kernel of case ``c``, built for ``target`` (host); ``layout_for``: the target
+    whose facts lay the compute out (default: the one in force), so a dot-product layout is
+    checked on a host without the instruction too."""
+    import targets
+
     ho, wo = out_hw(c)
     c1y = -(-c["cout"] // 16)
     w_sizes = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
@@ -78,15 +83,20 @@ def dx_kernel(c, dtype, res_dtype, target=None):
         from tvm import te
         dy = te.placeholder((c["n"], c1y, ho, wo, 16), name="out_backprop", dtype=dtype)
         w = te.placeholder(fz_shape, name="filters", dtype=dtype)
-        dx = dsl.conv2d_backprop_input(w, dy, w_sizes, (c["n"], c["cin"], c["h"], c["w"]),
-                                       para(c, res_dtype=res_dtype))
+        with targets.use(layout_for or targets.current()):
+            dx = dsl.conv2d_backprop_input(w, dy, w_sizes,
+                                           (c["n"], c["cin"], c["h"], c["w"]),
+                                           para(c, res_dtype=res_dtype))
         return [w, dy], [dx]
 
-    sig = {"op": "dx", "case": c, "dtype": dtype, "res": res_dtype}
+    sig = {"op": "dx", "case": c, "dtype": dtype, "res": res_dtype, "layout_for": layout_for}
     return kernel_cache.get_kernel(sig, make, prefix="t_dx", target=target)
 
 
-def dw_kernel(c, dtype, res_dtype, target=None):
+def dw_kernel(c, dtype, res_dtype, target=None, layout_for=None):
+    """The dw kernel of case ``c`` (``layout_for``: as for :func:`dx_kernel`)."""
+    import targets
+
     ho, wo = out_hw(c)
     w_sizes = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
 
@@ -96,11 +106,12 @@ def dw_kernel(c, dtype, res_dtype, target=None):
                            dtype=dtype)
         dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop",
                             dtype=dtype)
-        dw = dsl.conv2d_backprop_filter(x, dy, w_sizes,
-                                        para(c, res_dtype=res_dtype, groups=c["groups"]))
+        with targets.use(layout_for or targets.current()):
+            dw = dsl.conv2d_backprop_filter(x, dy, w_sizes,
+                                            para(c, res_dtype=res_dtype, groups=c["groups"]))
         return [x, dy], [dw]
 
-    sig = {"op": "dw", "case": c, "dtype": dtype, "res": res_dtype}
+    sig = {"op": "dw", "case": c, "dtype": dtype, "res": res_dtype, "layout_for": layout_for}
     return kernel_cache.get_kernel(sig, make, prefix="t_dw", target=target)
 
 

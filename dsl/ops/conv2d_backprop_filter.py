@@ -57,7 +57,7 @@ from dsl.errors import (
     fail,
     te_shape,
 )
-from dsl.ops import tag
+from dsl.ops import fallback, tag
 from dsl.ops.conv_geometry import ConvAxis, clamp_index
 from dsl.ops.group import C0, GroupLayout, calculate_group
 from dsl.ops.layout import FORMAT_5HD, FORMAT_FRACZ, FORMAT_FRACZ_G, pad_cast_5hd_compute, te_all
@@ -89,10 +89,23 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
         dw in group FracZ ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)``.
     """
     p = plan(input_x, out_backprop, filter_sizes, para_dict)
+    if p.dot > 1:
+        return _dw_dot(p, input_x, out_backprop)
     xp = x_stage(p, input_x)
     dyv = dy_stage(p, out_backprop)
     acc = (_acc_cout_lanes if p.cout_lanes else _acc_cin_lanes)(p, xp, dyv)
     return scatter(p, acc, _attrs(p, input_x, out_backprop))
+
+
+def _dw_dot(p: Plan, input_x, out_backprop):
+    """dw through a dot-product instruction (``p.dot > 1``): the pair stages, the fast
+    reduction, and its exact twin with the NaN / inf scan of both inputs (the fast one
+    multiplies x's padding, and x beyond an odd Wo, by zero dy)."""
+    flag = fallback.nonfinite_flag(TAG, "dw_nonfinite", [input_x, out_backprop])
+    exact = _acc_exact(p, input_x, out_backprop, flag)
+    acc = _acc_dot(p, x_pairs(p, input_x), dy_pairs(p, out_backprop), exact)
+    return tag.with_side_stages(scatter(p, acc, _attrs(p, input_x, out_backprop)),
+                                [flag, exact])
 
 
 # --- check and plan --------------------------------------------------------------------------
@@ -117,6 +130,7 @@ class Plan:
     aw: ConvAxis
     cout_lanes: bool
     acc_dtype: str  # every stage computes in it (see accumulation_dtype)
+    dot: int = 1  # Wo positions per lane of one dot-product step (see dot_depth); 1: FMAs
 
     @property
     def n(self) -> int:
@@ -169,7 +183,22 @@ def plan(input_x, out_backprop, filter_sizes, para_dict) -> Plan:
                 (n, c1x, ah.x_padded_size, aw.x_padded_size, C0), "the padded x")
     cout_lanes = lay.dense and dy_shape[1] * C0 * lay.cin < c1x * C0 * cout
     return Plan(para, dtype, groups, gd, lay, w_sizes, x_shape, dy_shape, ah, aw, cout_lanes,
-                accumulation_dtype(dtype))
+                accumulation_dtype(dtype), dot_depth(dtype, lay, cout_lanes))
+
+
+def dot_depth(dtype: str, lay: GroupLayout, cout_lanes: bool) -> int:
+    """Output positions one lane sums per step of the current target's dot-product
+    instruction (:meth:`targets.CpuTarget.dot_depth`: 2 for bfloat16 with AVX512-BF16), for
+    a dense layer with Cin in the lanes; else 1 (fp32 FMAs on converted values).
+
+    With ``dot > 1`` the reduction runs over pairs of adjacent Wo positions: ``dy_pair``
+    puts a pair of dy values side by side (one 32-bit broadcast) and ``x_pair`` the two x
+    vectors they meet, lane by lane, so one 512-bit load holds 16 lanes x 2 products."""
+    import targets
+
+    if cout_lanes or not lay.dense or dtype != "bfloat16":
+        return 1
+    return targets.current().dot_depth(dtype)
 
 
 def accumulation_dtype(dtype: str) -> str:
@@ -343,6 +372,92 @@ def _acc_cout_lanes(p: Plan, xq, dy32):
 
     return te.compute((p.c1y, p.lay.kh, p.lay.kw, p.cin, C0), acc_t_body, name="dw_acc_t",
                       tag=tag.stage(TAG, "acc"))
+
+
+def x_pairs(p: Plan, input_x):
+    """``x_pair [N, C1x, Hp, Wq, 16, 2]`` (``p.dot`` = 2): at padded column ``q``, lane by
+    lane, the x columns ``q`` and ``q + stride_w`` that one Wo pair meets, zero where the
+    column is padding or past x."""
+    import tvm
+    from tvm import te
+
+    ah, aw = p.ah, p.aw
+    width = (_wo_pairs(p) - 1) * p.dot * aw.stride + (aw.kernel - 1) * aw.dilation + 1
+
+    def body(b, c1, hp, q, c0, j):
+        src_h, src_w = hp - ah.pad_before, q + j * aw.stride - aw.pad_before
+        ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_in, src_w >= 0, src_w < aw.n_in)
+        val = input_x[b, c1, clamp_index(src_h, ah.n_in), clamp_index(src_w, aw.n_in), c0]
+        return te.if_then_else(ok, val, tvm.tirx.const(0, p.dtype))
+
+    return te.compute((p.n, p.c1x, ah.x_padded_size, width, C0, p.dot), body,
+                      name="dw_x_pair", tag=tag.DW_X_PAIR)
+
+
+def dy_pairs(p: Plan, out_backprop):
+    """``dy_pair [N, CO, Ho, Wo/2, 2]`` (``p.dot`` = 2, CO the padded Cout): each channel's
+    Wo pairs side by side, zero past an odd Wo."""
+    import tvm
+    from tvm import te
+
+    wo = p.aw.n_out
+
+    def body(b, co, ho, w2, j):
+        col = w2 * p.dot + j
+        val = out_backprop[b, co // C0, ho, te.min(col, wo - 1), co % C0]
+        return te.if_then_else(col < wo, val, tvm.tirx.const(0, p.dtype))
+
+    return te.compute((p.n, p.co_ext, p.ah.n_out, _wo_pairs(p), p.dot), body,
+                      name="dw_dy_pair", tag=tag.DW_DY_PAIR)
+
+
+def _wo_pairs(p: Plan) -> int:
+    return ceil_div(p.aw.n_out, p.dot)
+
+
+def _acc_dot(p: Plan, xq, dyq, exact):
+    """``acc`` through the dot-product instruction: ``dw_acc [C1x, KH, KW, CO, 16]``, the
+    last reduction axis the ``p.dot`` positions of a pair (``dot_intrinsic`` finds it)."""
+    from tvm import te
+
+    ah, aw, acc = p.ah, p.aw, p.acc_dtype
+    rn = te.reduce_axis((0, p.n), name="n")
+    rh = te.reduce_axis((0, ah.n_out), name="ho")
+    rw = te.reduce_axis((0, _wo_pairs(p)), name="wo2")
+    rj = te.reduce_axis((0, p.dot), name="wo_dot")
+
+    def acc_body(cx1, k_h, k_w, co, cx0):
+        dy = dyq[rn, co, rh, rw, rj].astype(acc)
+        xv = xq[rn, cx1, rh * ah.stride + k_h * ah.dilation,
+                rw * (p.dot * aw.stride) + k_w * aw.dilation, cx0, rj].astype(acc)
+        return te.sum(dy * xv, axis=[rn, rh, rw, rj])
+
+    return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",
+                      tag=tag.stage(TAG, "acc"), attrs=fallback.fast_attrs(exact))
+
+
+def _acc_exact(p: Plan, input_x, out_backprop, flag):
+    """The exact twin of :func:`_acc_dot` (run only when ``flag`` is set): the same sum
+    from the inputs themselves, terms whose x is padding left out."""
+    import tvm
+    from tvm import te
+
+    ah, aw, acc = p.ah, p.aw, p.acc_dtype
+    rn, rh, rw = _reduce_axes(p)
+
+    def body(cx1, k_h, k_w, co, cx0):
+        src_h = rh * ah.stride + k_h * ah.dilation - ah.pad_before
+        src_w = rw * aw.stride + k_w * aw.dilation - aw.pad_before
+        xv = input_x[rn, cx1, clamp_index(src_h, ah.n_in), clamp_index(src_w, aw.n_in), cx0]
+        dy = out_backprop[rn, co // C0, rh, rw, co % C0]
+        real = _real_x(p, rh, rw, k_h, k_w)
+        term = dy.astype(acc) * xv.astype(acc)
+        if real is not None:
+            term = te.if_then_else(real, term, tvm.tirx.const(0, acc))
+        return te.sum(term, axis=[rn, rh, rw])
+
+    return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), body, name="dw_exact",
+                      tag=tag.DW_EXACT, attrs=fallback.twin_attrs(flag))
 
 
 def scatter(p: Plan, acc, attrs: dict):

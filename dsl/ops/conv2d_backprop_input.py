@@ -227,8 +227,8 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
 
 def dot_depth(dtype: str, lay: GroupLayout, positions: bool) -> int:
     """Output channels one lane sums per step of the current target's dot-product
-    instruction (:meth:`targets.CpuTarget.dot_depth`: 4 for int8 with AVX-512 VNNI), for a
-    dense layer with Cin in the lanes; else 1.
+    instruction (:meth:`targets.CpuTarget.dot_depth`: 4 for int8 with AVX-512 VNNI, 2 for
+    bfloat16 with AVX512-BF16), for a dense layer with Cin in the lanes; else 1.
 
     With ``dot > 1`` the stages keep the narrow dtype and the weight stage puts ``dot``
     consecutive Cout innermost, ``[C1x, KH, KW, CO/dot, 16, dot]``, so one 512-bit load
@@ -237,9 +237,7 @@ def dot_depth(dtype: str, lay: GroupLayout, positions: bool) -> int:
     correctly; only one with the instruction runs them at its rate."""
     import targets
 
-    if positions or not lay.dense or dtype != "int8":
-        # bfloat16: TVM 0.27 turns every bfloat16 value into uint16 before LLVM
-        # (BF16StorageLegalize), and LLVM's vdpbf16ps takes <32 x bfloat> (README, limitations)
+    if positions or not lay.dense or dtype not in ("int8", "bfloat16"):
         return 1
     return targets.current().dot_depth(dtype)
 
@@ -412,11 +410,18 @@ def _dy_int8_dense(p: Plan, out_backprop):
 
 
 def _dy_dot(p: Plan, out_backprop):
-    """int8 dy (``p.dot > 1``) padded and re-blocked to ``[N, C1y, Hp, Wp, 16]`` as the
-    unsigned bytes ``dy + 128`` (the padding ``offset_x + 128``) that ``vpdpbusd`` takes: the
-    4 Cout a lane sums per step are adjacent, one 32-bit broadcast. :func:`interleave` takes
+    """dy for a dot-product instruction (``p.dot > 1``), ``[N, C1y, Hp, Wp, 16]``: the ``dot``
+    Cout a lane sums per step are adjacent, one 32-bit broadcast. bfloat16 stays bfloat16
+    (``vdpbf16ps``); int8 is padded and re-blocked as the unsigned bytes ``dy + 128`` (the
+    padding ``offset_x + 128``) that ``vpdpbusd`` takes, and :func:`interleave` takes
     ``(offset_x + 128) * sum(W)`` over each phase's taps off again."""
     from tvm import te
+
+    if p.qlay is None:  # bfloat16: pairs of dy channels as they come, padded with zeros
+        if p.pad_h == p.pad_w == 0 and (p.size_h, p.size_w) == (p.ah.n_out, p.aw.n_out):
+            return out_backprop
+        return pad_cast_5hd_compute(out_backprop, (p.pad_h, p.pad_w), (p.size_h, p.size_w),
+                                    p.dtype, name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
 
     def body(b, c1, hp, wp, c0):
         ch = te.min(c1 * C0 + c0, p.cout - 1)

@@ -194,7 +194,9 @@ def compile_module(mod, target):
 
 
 def cache_key(mod, sch: Schedule) -> str:
-    text = json.dumps({"tir": mod.script(), "target": sch.target.as_json(),
+    # show_meta: strings the script prints as metadata references (such as the LLVM IR that
+    # a ``pragma_import_llvm`` loop links in) change the code too
+    text = json.dumps({"tir": mod.script(show_meta=True), "target": sch.target.as_json(),
                        "compile": COMPILE_CONFIG,
                        "versions": versions()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()

@@ -33,9 +33,11 @@ def _parse(argv):
                         "several (1,2,16) run every workload at each count in this run, "
                         "one row per count, geomeans per count")
     p.add_argument("--target", default=None, help="target name (default: host)")
-    p.add_argument("--dtype", default=None, choices=("float32", "float16", "int8"),
-                   help="input dtype of our kernels (the peer runs float32); int8: the conv2d "
-                        "suite's dx rows (int32 results), %% roof of the int8 roof")
+    p.add_argument("--dtype", default=None,
+                   choices=("float32", "float16", "bfloat16", "int8"),
+                   help="input dtype of our kernels (the peer runs float32); bfloat16 and "
+                        "int8 rows are held to this machine's bf16 and int8 roofs; int8: the "
+                        "conv2d suite's dx rows (int32 results)")
     p.add_argument("--settle", type=float, default=0.02,
                    help="seconds to sleep before each sample, so the other side's spinning "
                         "worker threads (TVM pool, OpenMP) park first")
@@ -297,9 +299,10 @@ def add_roof(rows, threads: int, out=None) -> None:
     from targets import roof
 
     out = out or sys.stdout
-    # int8 kernels (bench --dtype int8) are held to this machine's int8 dot-product roof
-    kind = "int8" if os.environ.get("DSL_BENCH_DTYPE") == "int8" else "float32"
-    name = {"int8": "int8", "float32": "fp32"}[kind]
+    # int8 and bf16 kernels (bench --dtype) are held to this machine's dot-product roofs
+    kind = os.environ.get("DSL_BENCH_DTYPE", "float32")
+    kind = kind if kind in ("int8", "bfloat16") else "float32"
+    name = {"int8": "int8", "bfloat16": "bf16", "float32": "fp32"}[kind]
     try:
         peak = roof.measured_peak(kind, threads)
         print(f"# % roof of GFLOP/s rows: {name} roof {peak.gflops:.1f} GFLOP/s on {threads} "

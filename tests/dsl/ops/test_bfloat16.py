@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 import dsl
+import targets
 from dsl.ops.layout import fracz_to_weight
 
-from cases import CONV_CASES
+from cases import CONV_CASES, C
 from helpers import (
     assert_close,
     case_id,
@@ -43,6 +44,56 @@ def test_dx_bfloat16(c, res_dtype):
     assert_close(out, ref, "bfloat16", case_id(c))
     if res_dtype == "float32":  # fp32 accumulation of exact products: fp32 accuracy
         assert_close(out, ref, "float32", case_id(c))
+
+
+# dense layers (Cin in the lanes), which an AVX512-BF16 target lays out as bf16 pairs of Cout
+# for vdpbf16ps: odd channels + batch 2, stride 2 + asymmetric pad, stride 3 + dilation 2,
+# 1x1 with prime sizes (dy read as it comes, no padded copy)
+DOT_CASES = [
+    C(2, 37, 20, 7, 8, 3, 1, (1, 1, 1, 1), 1, 1),
+    C(1, 16, 40, 9, 10, 3, 2, (1, 0, 0, 1), 1, 1),
+    C(1, 40, 24, 13, 12, (3, 2), (3, 2), (2, 1, 0, 2), 2, 1),
+    C(2, 33, 17, 11, 9, 1, 1, (0, 0, 0, 0), 1, 1),
+]
+
+
+@pytest.mark.parametrize("c", DOT_CASES, ids=case_id)
+def test_dx_bfloat16_dot_layout(c):
+    """The vdpbf16ps layout (``[.., Cout/2, 16, 2]`` weight, bf16 dy pairs) is right on any
+    host: laid out for an AVX512-BF16 target, scheduled for this one (tensorized into the
+    instruction where the host has it, multiply-adds where not)."""
+    from dsl.ops.conv2d_backprop_input import dot_depth
+    from dsl.ops.group import GroupLayout
+
+    w_sizes = (c["cout"], c["cin"], c["kh"], c["kw"])
+    with targets.use("sapphirerapids"):
+        assert dot_depth("bfloat16", GroupLayout.from_weight(w_sizes, 1), False) == 2
+    dy, w = dx_data(c, "bfloat16")
+    out5 = dx_kernel(c, "bfloat16", "float32", layout_for="sapphirerapids")(
+        weight_to_fracz(w, 1), nchw_to_5hd(dy))
+    ref = ref_dx(dy.astype(np.float64), w.astype(np.float64), (c["n"], c["cin"], c["h"], c["w"]),
+                 c["stride"], c["pads"], c["dil"], 1)
+    assert_close(nc1hwc0_to_nchw(out5, c["cin"]).astype(np.float64), ref, "float32", case_id(c))
+
+
+@pytest.mark.parametrize("c", DOT_CASES, ids=case_id)
+def test_dw_bfloat16_dot_layout(c):
+    """dw over pairs of Wo positions (``x_pair`` / ``dy_pair`` for vdpbf16ps; an odd Wo pads
+    its last pair with zero dy) is right on any host, as for dx above."""
+    from dsl.ops.conv2d_backprop_filter import dot_depth
+    from dsl.ops.group import GroupLayout
+
+    w_shape = (c["cout"], c["cin"], c["kh"], c["kw"])
+    with targets.use("sapphirerapids"):
+        assert dot_depth("bfloat16", GroupLayout.from_weight(w_shape, 1), False) == 2
+    x, dy = dw_data(c, "bfloat16")
+    out = dw_kernel(c, "bfloat16", "float32", layout_for="sapphirerapids")(
+        nchw_to_5hd(x), nchw_to_5hd(dy))
+    ref = ref_dw(x.astype(np.float64), dy.astype(np.float64), w_shape, c["stride"], c["pads"],
+                 c["dil"], 1)
+    mask = weight_to_fracz(np.ones(w_shape, np.float32), 1) != 0
+    assert not out[~mask].any(), "pad positions must be exactly zero"
+    assert_close(fracz_to_weight(out, w_shape, 1), ref, "float32", case_id(c))
 
 
 @pytest.mark.parametrize("c", BF16_CASES, ids=case_id)

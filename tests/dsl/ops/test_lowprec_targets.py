@@ -1,7 +1,7 @@
 """Build-only: int8 dx for an AVX-512 VNNI target and bf16 dx / dw for an AVX512-BF16 target
 compile to AVX-512 code (this host may lack both; nothing is run). int8 dx is laid out for, and
-tensorized into, ``vpdpbusd``; bf16 multiplies as fp32 (README, Known limitations: TVM turns
-bfloat16 values into uint16 before LLVM, whose ``vdpbf16ps`` takes bfloat16 vectors)."""
+tensorized into, ``vpdpbusd``; dense bf16 dx into ``vdpbf16ps`` (an LLVM function the kernel
+imports: TVM turns bfloat16 values into uint16 before LLVM); bf16 dw multiplies as fp32."""
 
 import pytest
 from tvm import te
@@ -51,17 +51,31 @@ def test_int8_dx_multiplies_in_int32_without_vnni():
     assert "zmm" in asm and "vpmulld" in asm and "vpdpbusd" not in asm
 
 
-@pytest.mark.parametrize("op", ["dx", "dw"])
-def test_bf16_builds_for_an_avx512_bf16_target(op):
+def _bf16_dx(target: str):
     dy = te.placeholder((1, 2, 6, 6, 16), name="out_backprop", dtype="bfloat16")
-    if op == "dx":
-        w = te.placeholder((2 * 9, 2, 16, 16), name="filters", dtype="bfloat16")
-        out = dsl.conv2d_backprop_input(w, dy, (32, 32, 3, 3), (1, 32, 6, 6),
-                                        {"padding": [1, 1, 1, 1], "res_dtype": "bfloat16"})
-        ins = [w, dy]
-    else:
-        x = te.placeholder((1, 2, 6, 6, 16), name="fmap", dtype="bfloat16")
-        out = dsl.conv2d_backprop_filter(x, dy, (32, 32, 3, 3), {"padding": [1, 1, 1, 1]})
-        ins = [x, dy]
-    asm = _asm([out], ins, "sapphirerapids", "avx512bf16")
+    w = te.placeholder((2 * 9, 2, 16, 16), name="filters", dtype="bfloat16")
+    with targets.use(target):
+        dx = dsl.conv2d_backprop_input(w, dy, (32, 32, 3, 3), (1, 32, 6, 6),
+                                       {"padding": [1, 1, 1, 1], "res_dtype": "bfloat16"})
+    return dx, w, dy
+
+
+@pytest.mark.parametrize("mcpu", ["sapphirerapids", "znver4"])
+def test_bf16_dx_uses_vdpbf16ps_on_an_avx512_bf16_target(mcpu):
+    dx, w, dy = _bf16_dx(mcpu)
+    asm = _asm([dx], [w, dy], mcpu, "avx512bf16")
+    assert "vdpbf16ps" in asm
+
+
+def test_bf16_dx_multiplies_in_fp32_without_avx512_bf16():
+    dx, w, dy = _bf16_dx("icelake-server")
+    asm = _asm([dx], [w, dy], "icelake-server", "avx512f")
+    assert "zmm" in asm and "vfmadd" in asm and "vdpbf16ps" not in asm
+
+
+def test_bf16_dw_builds_for_an_avx512_bf16_target():
+    dy = te.placeholder((1, 2, 6, 6, 16), name="out_backprop", dtype="bfloat16")
+    x = te.placeholder((1, 2, 6, 6, 16), name="fmap", dtype="bfloat16")
+    out = dsl.conv2d_backprop_filter(x, dy, (32, 32, 3, 3), {"padding": [1, 1, 1, 1]})
+    asm = _asm([out], [x, dy], "sapphirerapids", "avx512bf16")
     assert "zmm" in asm and "vfmadd" in asm  # fp32 FMAs on converted bf16

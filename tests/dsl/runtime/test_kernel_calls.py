@@ -288,3 +288,25 @@ def test_cache_key_changes_with_the_compile_settings(monkeypatch):
     before = build.cache_key(mod, sch)
     monkeypatch.setattr(build, "COMPILE_CONFIG", {"tirx.UnrollLoop": {"auto_max_depth": 8}})
     assert build.cache_key(mod, sch) != before
+
+
+def test_cache_key_hashes_the_llvm_a_kernel_imports():
+    """TVMScript prints a ``pragma_import_llvm`` string (the LLVM IR a dot-product intrinsic
+    links in) as a metadata reference: two kernels that differ only in it have two keys."""
+    from tvm import s_tir, te
+
+    from dsl.runtime import build
+    from dsl.runtime.schedule import auto_schedule
+
+    x = te.placeholder((37,), "float32", name="x")
+    y = te.compute((37,), lambda i: x[i] * 2, name="y", tag="elewise")
+    sch = auto_schedule([y])
+
+    def key(code: str) -> str:
+        ss = s_tir.Schedule(te.create_prim_func([x, y]))
+        ss.annotate(ss.get_loops(ss.get_sblock("y"))[0], "pragma_import_llvm", code)
+        return build.cache_key(ss.mod, sch)
+
+    one, two = "\ndefine void @f() {\n  ret void\n}\n", "\ndefine void @g() {\n  ret void\n}\n"
+    assert key(one) != key(two)
+    assert key(one) == key(one)
