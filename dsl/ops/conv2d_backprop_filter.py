@@ -38,6 +38,19 @@ Stages (schedules find them by tag)
     whose Cin pads worse to 16 than its Cout (an RGB stem), ``dw_acc_t [C1y, KH, KW, Cin, 16]``
     with Cout in the lanes.
 ``conv2d_backprop_filter``        the compact result scattered into group FracZ, cast.
+
+bfloat16 on a target with AVX512-BF16 (:func:`dot_depth`; dense layers with Cin in the lanes)
+sums pairs of Wo positions in one ``vdpbf16ps`` step instead:
+
+``conv2d_backprop_filter.x_pair``  ``dw_x_pair [N, C1x, Hp, Wq, 16, 2]`` bf16: at padded
+    column ``q``, lane by lane, x's columns ``q`` and ``q + stride_w`` (zero in the padding).
+``conv2d_backprop_filter.dy_pair`` ``dw_dy_pair [N, CO, Ho, ceil(Wo/2), 2]`` bf16: each
+    channel's Wo pairs side by side (one 32-bit broadcast), zero past an odd Wo.
+``conv2d_backprop_filter.acc``    ``dw_acc`` as above, reduced over ``(n, ho, wo2, pair)``.
+``conv2d_backprop_filter.nonfinite`` / ``.exact``  when the pair reduction multiplies zeros
+    in (x's padding by dy; the zero dy past an odd Wo by x's next columns), a NaN / inf scan
+    of what meets them (dy; ``dw_x_tail``, those x columns) and ``dw_exact``, the sum with the
+    padding left out, which runs instead when the scan finds one (:mod:`dsl.ops.fallback`).
 """
 
 from __future__ import annotations
@@ -98,14 +111,39 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
 
 
 def _dw_dot(p: Plan, input_x, out_backprop):
-    """dw through a dot-product instruction (``p.dot > 1``): the pair stages, the fast
-    reduction, and its exact twin with the NaN / inf scan of both inputs (the fast one
-    multiplies x's padding, and x beyond an odd Wo, by zero dy)."""
-    flag = fallback.nonfinite_flag(TAG, "dw_nonfinite", [input_x, out_backprop])
-    exact = _acc_exact(p, input_x, out_backprop, flag)
+    """dw through a dot-product instruction (``p.dot > 1``): the pair stages and the fast
+    reduction; with an exact twin and a NaN / inf scan of what meets the zeros it multiplies
+    in (:func:`_met_by_zeros`), when anything does."""
+    met = _met_by_zeros(p, input_x, out_backprop)
+    exact = None
+    if met:
+        flag = fallback.nonfinite_flag(TAG, "dw_nonfinite", met)
+        exact = _acc_exact(p, input_x, out_backprop, flag)
     acc = _acc_dot(p, x_pairs(p, input_x), dy_pairs(p, out_backprop), exact)
-    return tag.with_side_stages(scatter(p, acc, _attrs(p, input_x, out_backprop)),
-                                [flag, exact])
+    dw = scatter(p, acc, _attrs(p, input_x, out_backprop))
+    return tag.with_side_stages(dw, [flag, exact]) if met else dw
+
+
+def _met_by_zeros(p: Plan, input_x, out_backprop) -> list:
+    """What the pair reduction multiplies by zeros the math has no product for: all of dy
+    when some tap reads x's padding, and the x columns that the zero dy past an odd Wo meets
+    (``dw_x_tail [N, C1x, H, KW, 16]``, those of them inside x)."""
+    from tvm import te
+
+    aw = p.aw
+    met = []
+    if _reads_padding(p):
+        met.append(out_backprop)
+    if aw.n_out % p.dot:
+        first = aw.n_out * aw.stride - aw.pad_before  # the column tap kw = 0 of the pad meets
+        cols = [first + k * aw.dilation for k in range(aw.kernel)]
+        cols = [c for c in cols if 0 <= c < aw.n_in]
+        if cols:
+            met.append(te.compute(
+                (p.n, p.c1x, p.ah.n_in, len(cols), C0),
+                lambda b, c1, h, i, c0: input_x[b, c1, h, cols[0] + i * aw.dilation, c0],
+                name="dw_x_tail", tag=tag.stage(TAG, "nonfinite")))
+    return met
 
 
 # --- check and plan --------------------------------------------------------------------------
@@ -300,6 +338,12 @@ def dy_stage(p: Plan, out_backprop):
                       name="dw_dy_group", tag=tag.stage(TAG, "dy_group"))
 
 
+def _reads_padding(p: Plan) -> bool:
+    """Whether some tap of the layer reads x's padding (:func:`_real_x` is not None)."""
+    return any(ax.pad_before or (ax.n_out - 1) * ax.stride + (ax.kernel - 1) * ax.dilation
+               >= ax.pad_before + ax.n_in for ax in (p.ah, p.aw))
+
+
 def _real_x(p: Plan, rh, rw, k_h, k_w):
     """The condition that ``(ho, wo)`` at tap ``(kh, kw)`` reads a real x element, not x_pad's
     padding; None when no read of this layer reaches the padding. The reductions skip padded
@@ -433,7 +477,8 @@ def _acc_dot(p: Plan, xq, dyq, exact):
         return te.sum(dy * xv, axis=[rn, rh, rw, rj])
 
     return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",
-                      tag=tag.stage(TAG, "acc"), attrs=fallback.fast_attrs(exact))
+                      tag=tag.stage(TAG, "acc"),
+                      attrs=fallback.fast_attrs(exact) if exact is not None else {})
 
 
 def _acc_exact(p: Plan, input_x, out_backprop, flag):

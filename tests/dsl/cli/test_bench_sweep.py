@@ -142,20 +142,39 @@ def test_suite_ops_is_the_operator_suites(capsys):
         "  ", " ")
 
 
-def test_int8_rows_are_held_to_the_int8_roof(monkeypatch, capsys):
+@pytest.mark.parametrize("dtype,name", [("int8", "int8"), ("bfloat16", "bf16"),
+                                        ("float16", "fp32")])
+def test_low_precision_rows_are_held_to_their_roof(monkeypatch, capsys, dtype, name):
+    """int8 and bf16 rows against the dot-product roofs; float16 (converted to fp32 FMAs)
+    against the fp32 one."""
     asked = []
 
-    def peak(dtype, threads):
-        asked.append(dtype)
+    def peak(kind, threads):
+        asked.append(kind)
         return FMA
 
     monkeypatch.setattr(roof, "measured_peak", peak)
-    monkeypatch.setenv("DSL_BENCH_DTYPE", "int8")
+    monkeypatch.setenv("DSL_BENCH_DTYPE", dtype)
     rows = [{"unit": "GFLOP/s", "ours_gflops": 100.0}]
     runner.add_roof(rows, 2)
-    assert asked == ["int8"] and rows[0]["roof"] == "int8"
+    assert asked == [dtype if name != "fp32" else "float32"] and rows[0]["roof"] == name
     assert rows[0]["roof_pct"] == pytest.approx(100 * 100.0 / FMA.gflops)
-    assert "int8 roof" in capsys.readouterr().out
+    assert f"{name} roof" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["dx", "dw"])
+def test_bf16_rows_check_their_result(monkeypatch, kind):
+    """The conv2d suite's bf16 rows on a real (1x1) layer, checked against PyTorch's float32
+    result of the unrounded data (bf16 tolerance)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("ml_dtypes")
+    from dsl.cli.bench import conv2d
+
+    monkeypatch.setenv("DSL_BENCH_DTYPE", "bfloat16")
+    layer = next(lay for lay in conv2d.LAYERS if lay.name == "resnet50_1x1")
+    prep = conv2d._dx(layer) if kind == "dx" else conv2d._dw(layer)
+    assert prep.info["dtype"] == "bfloat16"
+    assert prep.verify() <= prep.tolerance
 
 
 def test_int8_dx_row_checks_its_result_and_refuses_dw(monkeypatch):

@@ -1,7 +1,8 @@
 """Build-only: int8 dx for an AVX-512 VNNI target and bf16 dx / dw for an AVX512-BF16 target
 compile to AVX-512 code (this host may lack both; nothing is run). int8 dx is laid out for, and
-tensorized into, ``vpdpbusd``; dense bf16 dx into ``vdpbf16ps`` (an LLVM function the kernel
-imports: TVM turns bfloat16 values into uint16 before LLVM); bf16 dw multiplies as fp32."""
+tensorized into, ``vpdpbusd``; dense bf16 dx and dw into ``vdpbf16ps`` (an LLVM function the
+kernel imports: TVM turns bfloat16 values into uint16 before LLVM); without the instruction
+they multiply in fp32."""
 
 import pytest
 from tvm import te
@@ -73,9 +74,21 @@ def test_bf16_dx_multiplies_in_fp32_without_avx512_bf16():
     assert "zmm" in asm and "vfmadd" in asm and "vdpbf16ps" not in asm
 
 
-def test_bf16_dw_builds_for_an_avx512_bf16_target():
+def _bf16_dw(target: str):
     dy = te.placeholder((1, 2, 6, 6, 16), name="out_backprop", dtype="bfloat16")
     x = te.placeholder((1, 2, 6, 6, 16), name="fmap", dtype="bfloat16")
-    out = dsl.conv2d_backprop_filter(x, dy, (32, 32, 3, 3), {"padding": [1, 1, 1, 1]})
-    asm = _asm([out], [x, dy], "sapphirerapids", "avx512bf16")
-    assert "zmm" in asm and "vfmadd" in asm  # fp32 FMAs on converted bf16
+    with targets.use(target):
+        dw = dsl.conv2d_backprop_filter(x, dy, (32, 32, 3, 3), {"padding": [1, 1, 1, 1]})
+    return dw, x, dy
+
+
+@pytest.mark.parametrize("mcpu", ["sapphirerapids", "znver4"])
+def test_bf16_dw_uses_vdpbf16ps_on_an_avx512_bf16_target(mcpu):
+    dw, x, dy = _bf16_dw(mcpu)
+    assert "vdpbf16ps" in _asm([dw], [x, dy], mcpu, "avx512bf16")
+
+
+def test_bf16_dw_multiplies_in_fp32_without_avx512_bf16():
+    dw, x, dy = _bf16_dw("icelake-server")
+    asm = _asm([dw], [x, dy], "icelake-server", "avx512f")
+    assert "zmm" in asm and "vfmadd" in asm and "vdpbf16ps" not in asm
