@@ -32,6 +32,10 @@ Stages (schedules find them by tag)
 ``conv2d_backprop_filter.dy_group``  (groups > 1 only) dy regathered per x lane,
     ``[N, C1x, Ho, Wo, Cout_g, 16]`` fp32: lane ``cx0`` of block ``cx1`` holds its group's dy
     channel ``co``, so the reduction reads whole vectors.
+``conv2d_backprop_filter.nonfinite`` / ``.exact``  (dense layers with Cin in the lanes that
+    read x's padding) the fast ``acc`` multiplies the padding's zeros in; a NaN / inf scan
+    of dy and ``dw_exact``, the sum with the padding left out, which runs instead when the
+    scan finds one (:mod:`dsl.ops.fallback`). Other layers select dy to zero there.
 ``conv2d_backprop_filter.acc``    the fp32 reduction over ``(n, ho, wo)`` into a compact
     ``dw_acc [C1x, KH, KW, CO, 16]`` (Cin lanes last; CO = padded Cout for groups == 1, else
     Cout_g), so grouped and depthwise layers do no cross-group work; or, for a dense layer
@@ -106,6 +110,14 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
         return _dw_dot(p, input_x, out_backprop)
     xp = x_stage(p, input_x)
     dyv = dy_stage(p, out_backprop)
+    if p.lay.dense and not p.cout_lanes and _reads_padding(p):
+        # multiply x's zero padding in (a select per broadcast dy halves the tile's rate),
+        # with an exact twin for a non-finite dy, the only thing those zeros meet
+        flag = fallback.nonfinite_flag(TAG, "dw_nonfinite", [out_backprop])
+        exact = _acc_exact(p, input_x, out_backprop, flag)
+        acc = _acc_cin_lanes(p, xp, dyv, exact)
+        return tag.with_side_stages(scatter(p, acc, _attrs(p, input_x, out_backprop)),
+                                    [flag, exact])
     acc = (_acc_cout_lanes if p.cout_lanes else _acc_cin_lanes)(p, xp, dyv)
     return scatter(p, acc, _attrs(p, input_x, out_backprop))
 
@@ -379,8 +391,9 @@ def _reduce_axes(p: Plan):
             te.reduce_axis((0, p.aw.n_out), name="wo"))
 
 
-def _acc_cin_lanes(p: Plan, xp, dyv):
-    """``acc``: ``dw_acc [C1x, KH, KW, CO, 16]``, Cin in the lanes."""
+def _acc_cin_lanes(p: Plan, xp, dyv, exact=None):
+    """``acc``: ``dw_acc [C1x, KH, KW, CO, 16]``, Cin in the lanes. With its ``exact`` twin
+    (dense layers) it multiplies x's zero padding in; without, it selects dy to zero there."""
     from tvm import te
 
     ah, aw, acc = p.ah, p.aw, p.acc_dtype
@@ -393,11 +406,13 @@ def _acc_cin_lanes(p: Plan, xp, dyv):
             dy = dyv[rn, cx1, rh, rw, co, cx0]
         xv = xp[rn, cx1, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation,
                 cx0]
-        dy = _skip_padding(p, dy, _real_x(p, rh, rw, k_h, k_w))
+        if exact is None:
+            dy = _skip_padding(p, dy, _real_x(p, rh, rw, k_h, k_w))
         return te.sum(dy * xv, axis=[rn, rh, rw])
 
     return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",
-                      tag=tag.stage(TAG, "acc"))
+                      tag=tag.stage(TAG, "acc"),
+                      attrs=fallback.fast_attrs(exact) if exact is not None else {})
 
 
 def _acc_cout_lanes(p: Plan, xq, dy32):
