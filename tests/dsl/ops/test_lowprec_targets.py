@@ -39,19 +39,6 @@ def _int8_dx(target: str):
     return dx, w, dy
 
 
-@pytest.mark.parametrize("mcpu", ["icelake-server", "znver4", "sapphirerapids"])
-def test_int8_dx_uses_vnni_on_a_vnni_target(mcpu):
-    dx, w, dy = _int8_dx(mcpu)
-    asm = _asm([dx], [w, dy], mcpu, "avx512vnni")
-    assert "vpdpbusd" in asm
-
-
-def test_int8_dx_multiplies_in_int32_without_vnni():
-    dx, w, dy = _int8_dx("skylake-avx512")
-    asm = _asm([dx], [w, dy], "skylake-avx512", "avx512f")
-    assert "zmm" in asm and "vpmulld" in asm and "vpdpbusd" not in asm
-
-
 def _bf16_dx(target: str):
     dy = te.placeholder((1, 2, 6, 6, 16), name="out_backprop", dtype="bfloat16")
     w = te.placeholder((2 * 9, 2, 16, 16), name="filters", dtype="bfloat16")
@@ -59,19 +46,6 @@ def _bf16_dx(target: str):
         dx = dsl.conv2d_backprop_input(w, dy, (32, 32, 3, 3), (1, 32, 6, 6),
                                        {"padding": [1, 1, 1, 1], "res_dtype": "bfloat16"})
     return dx, w, dy
-
-
-@pytest.mark.parametrize("mcpu", ["sapphirerapids", "znver4"])
-def test_bf16_dx_uses_vdpbf16ps_on_an_avx512_bf16_target(mcpu):
-    dx, w, dy = _bf16_dx(mcpu)
-    asm = _asm([dx], [w, dy], mcpu, "avx512bf16")
-    assert "vdpbf16ps" in asm
-
-
-def test_bf16_dx_multiplies_in_fp32_without_avx512_bf16():
-    dx, w, dy = _bf16_dx("icelake-server")
-    asm = _asm([dx], [w, dy], "icelake-server", "avx512f")
-    assert "zmm" in asm and "vfmadd" in asm and "vdpbf16ps" not in asm
 
 
 def _bf16_dw(target: str):
@@ -82,13 +56,29 @@ def _bf16_dw(target: str):
     return dw, x, dy
 
 
-@pytest.mark.parametrize("mcpu", ["sapphirerapids", "znver4"])
-def test_bf16_dw_uses_vdpbf16ps_on_an_avx512_bf16_target(mcpu):
-    dw, x, dy = _bf16_dw(mcpu)
-    assert "vdpbf16ps" in _asm([dw], [x, dy], mcpu, "avx512bf16")
+# (kernel builder, target with the instruction, its LLVM feature, the instruction, a target
+# without it, what that one multiplies with)
+CASES = {
+    "int8 dx": (_int8_dx, ["icelake-server", "znver4", "sapphirerapids"], "avx512vnni",
+                "vpdpbusd", "skylake-avx512", "vpmulld"),
+    "bf16 dx": (_bf16_dx, ["sapphirerapids", "znver4"], "avx512bf16", "vdpbf16ps",
+                "icelake-server", "vfmadd"),
+    "bf16 dw": (_bf16_dw, ["sapphirerapids", "znver4"], "avx512bf16", "vdpbf16ps",
+                "icelake-server", "vfmadd"),
+}
+WITH = [(k, mcpu) for k, c in CASES.items() for mcpu in c[1]]
 
 
-def test_bf16_dw_multiplies_in_fp32_without_avx512_bf16():
-    dw, x, dy = _bf16_dw("icelake-server")
-    asm = _asm([dw], [x, dy], "icelake-server", "avx512f")
-    assert "zmm" in asm and "vfmadd" in asm and "vdpbf16ps" not in asm
+@pytest.mark.parametrize("kind,mcpu", WITH, ids=[f"{k}-{m}" for k, m in WITH])
+def test_dot_product_instruction_on_a_target_that_has_it(kind, mcpu):
+    build, _, feature, instr, _, _ = CASES[kind]
+    out, *ins = build(mcpu)
+    assert instr in _asm([out], ins, mcpu, feature)
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_plain_multiply_adds_on_a_target_without_it(kind):
+    build, _, _, instr, without, plain = CASES[kind]
+    out, *ins = build(without)
+    asm = _asm([out], ins, without, "avx512f")
+    assert "zmm" in asm and plain in asm and instr not in asm
