@@ -59,6 +59,7 @@ from __future__ import annotations
 import math
 
 from dsl.ops.group import C0
+from schedules.intrinsics import llvm_import
 
 # Below this many elements a copy stage runs on one core: waking the pool costs more than it
 # saves, and on a shared machine every fork-join waits for the slowest core.
@@ -336,22 +337,26 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
         sch.vectorize(lane_i)
     init = sch.decompose_reduction(block, red_outer[0] if red_outer else red[0])
     if dot:
-        # the instruction's block keeps the tile block's annotations (its exact twin's link)
-        outer = sch.blockize(lane_i)
-        for key, value in sch.get(block).annotations.items():
-            sch.annotate(outer, key, value)
-        sch.tensorize(outer, dot_intrin)
-        sch.vectorize(sch.get_loops(init)[-1])
-        from schedules.intrinsics import llvm_import
-
-        code = llvm_import(dot_intrin)
-        if code is not None:  # the instruction is an LLVM function the kernel links in
-            sch.annotate(fused, "pragma_import_llvm", code)
+        _tensorize_dot(sch, block, lane_i, init, fused, dot_intrin)
     last = sch.get_loops(wb)[-1]
     if extent(sch, last) > lanes and extent(sch, last) % lanes == 0:
         last = sch.split(last, [None, lanes])[-1]
     sch.vectorize(last)
     return wb, anchor
+
+
+def _tensorize_dot(sch, block, lane_i, init, outer_loop, intrin: str) -> None:
+    """The lanes and the reduction loop under them become one ``intrin`` step; the init block
+    is vectorised; an instruction that is an LLVM function is linked in at ``outer_loop``."""
+    step = sch.blockize(lane_i)
+    # the step keeps the tile block's annotations (its exact twin's link)
+    for key, value in sch.get(block).annotations.items():
+        sch.annotate(step, key, value)
+    sch.tensorize(step, intrin)
+    sch.vectorize(sch.get_loops(init)[-1])
+    code = llvm_import(intrin)
+    if code is not None:
+        sch.annotate(outer_loop, "pragma_import_llvm", code)
 
 
 # ---------------------------------------------------------------------------- elementwise

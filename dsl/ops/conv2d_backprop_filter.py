@@ -106,47 +106,36 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
         dw in group FracZ ``(G*dx_c1e*KH*KW, dy_c1e, 16, 16)``.
     """
     p = plan(input_x, out_backprop, filter_sizes, para_dict)
-    if p.dot > 1:
-        return _dw_dot(p, input_x, out_backprop)
-    xp = x_stage(p, input_x)
-    dyv = dy_stage(p, out_backprop)
-    if p.lay.dense and not p.cout_lanes and _reads_padding(p):
-        # multiply x's zero padding in (a select per broadcast dy halves the tile's rate),
-        # with an exact twin for a non-finite dy, the only thing those zeros meet
-        flag = fallback.nonfinite_flag(TAG, "dw_nonfinite", [out_backprop])
-        exact = _acc_exact(p, input_x, out_backprop, flag)
-        acc = _acc_cin_lanes(p, xp, dyv, exact)
-        return tag.with_side_stages(scatter(p, acc, _attrs(p, input_x, out_backprop)),
-                                    [flag, exact])
-    acc = (_acc_cout_lanes if p.cout_lanes else _acc_cin_lanes)(p, xp, dyv)
-    return scatter(p, acc, _attrs(p, input_x, out_backprop))
-
-
-def _dw_dot(p: Plan, input_x, out_backprop):
-    """dw through a dot-product instruction (``p.dot > 1``): the pair stages and the fast
-    reduction; with an exact twin and a NaN / inf scan of what meets the zeros it multiplies
-    in (:func:`_met_by_zeros`), when anything does."""
     met = _met_by_zeros(p, input_x, out_backprop)
-    exact = None
-    if met:
+    flag = exact = None
+    if met:  # the fast reduction multiplies zeros in: a scan of what meets them, and a twin
         flag = fallback.nonfinite_flag(TAG, "dw_nonfinite", met)
         exact = _acc_exact(p, input_x, out_backprop, flag)
-    acc = _acc_dot(p, x_pairs(p, input_x), dy_pairs(p, out_backprop), exact)
+    if p.dot > 1:
+        acc = _acc_dot(p, x_pairs(p, input_x), dy_pairs(p, out_backprop), exact)
+    elif p.cout_lanes:
+        acc = _acc_cout_lanes(p, x_stage(p, input_x), dy_stage(p, out_backprop))
+    else:
+        acc = _acc_cin_lanes(p, x_stage(p, input_x), dy_stage(p, out_backprop), exact)
     dw = scatter(p, acc, _attrs(p, input_x, out_backprop))
     return tag.with_side_stages(dw, [flag, exact]) if met else dw
 
 
 def _met_by_zeros(p: Plan, input_x, out_backprop) -> list:
-    """What the pair reduction multiplies by zeros the math has no product for: all of dy
-    when some tap reads x's padding, and the x columns that the zero dy past an odd Wo meets
-    (``dw_x_tail [N, C1x, H, KW, 16]``, those of them inside x)."""
+    """What the fast reduction multiplies by zeros the math has no product for, on dense
+    layers with Cin in the lanes (the others select dy to zero in x's padding instead): all
+    of dy when some tap reads x's padding and, for the pair reduction (``p.dot > 1``), the x
+    columns that the zero dy past an odd Wo meets (``dw_x_tail [N, C1x, H, KW, 16]``, those
+    of them inside x). A NaN / inf there must not reach dw."""
     from tvm import te
 
+    if p.cout_lanes or not p.lay.dense:
+        return []
     aw = p.aw
     met = []
     if _reads_padding(p):
         met.append(out_backprop)
-    if aw.n_out % p.dot:
+    if p.dot > 1 and aw.n_out % p.dot:
         first = aw.n_out * aw.stride - aw.pad_before  # the column tap kw = 0 of the pad meets
         cols = [first + k * aw.dilation for k in range(aw.kernel)]
         cols = [c for c in cols if 0 <= c < aw.n_in]
@@ -246,7 +235,7 @@ def dot_depth(dtype: str, lay: GroupLayout, cout_lanes: bool) -> int:
     vectors they meet, lane by lane, so one 512-bit load holds 16 lanes x 2 products."""
     import targets
 
-    if cout_lanes or not lay.dense or dtype != "bfloat16":
+    if cout_lanes or not lay.dense:
         return 1
     return targets.current().dot_depth(dtype)
 

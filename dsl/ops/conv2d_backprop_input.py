@@ -237,7 +237,7 @@ def dot_depth(dtype: str, lay: GroupLayout, positions: bool) -> int:
     correctly; only one with the instruction runs them at its rate."""
     import targets
 
-    if positions or not lay.dense or dtype not in ("int8", "bfloat16"):
+    if positions or not lay.dense:
         return 1
     return targets.current().dot_depth(dtype)
 
