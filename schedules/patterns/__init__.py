@@ -167,6 +167,10 @@ def schedule_patterns(sch, workload, last_resort) -> None:
                 done.update(names)
                 for n in names:
                     workload.note(n, rule.name, f"{why}; {detail}" if detail else why)
+                for n in getattr(detail, "also", ()):
+                    done.add(n)
+                    workload.note(n, rule.name, f"{facts[n].kind} ({facts[n].why}): computed "
+                                  f"inside {names[0]}'s loops")
     for name, f in facts.items():
         if name in done:
             continue

@@ -2,8 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 # Below this many elements a stage runs on one core: waking the pool costs more than it saves.
-PARALLEL_MIN_ELEMS = 1 << 15
+PARALLEL_MIN_ELEMS = 1 << 16
+
+
+@dataclass(frozen=True)
+class Detail:
+    """What a rule's ``apply`` may return instead of a string: the note, and the further
+    stages it scheduled itself (computed inside its loops), which no later rule may take."""
+
+    text: str
+    also: tuple = ()
+
+    def __str__(self) -> str:
+        return self.text
 
 
 def extent(sch, loop) -> int:

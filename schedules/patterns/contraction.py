@@ -21,9 +21,11 @@ row of the panel maps to the same cache set) and the tile divides its extent. A 
 
 from __future__ import annotations
 
-from schedules.patterns.common import extent, product
+from schedules.patterns.common import Detail, extent, product
 
 PANEL_BYTES_FRACTION = 4  # the S block of one core uses at most 1/4 of its L2
+ACROSS_M_MARGIN = 1.25  # vectors along m only when clearly better: they cost a transpose
+ACROSS_S_LOAD_COST = 2.5  # an S vector from L2 against a V broadcast from L1
 
 
 def vector_registers(target) -> int:
@@ -73,7 +75,14 @@ def roles(f):
 
 
 def micro_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False) -> tuple[int, int, int]:
-    """``(mr, nv, lanes)``: the register tile (see the module docstring).
+    """``(mr, nv, lanes)``: the register tile (see the module docstring); :func:`scored_tile`
+    without the score."""
+    return scored_tile(target, m_ext, v_ext, pad_ok)[0]
+
+
+def scored_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False):
+    """``((mr, nv, lanes), score)``: the register tile and its merit (FMAs per load, in
+    full-width FMAs, discounted for ragged edges).
 
     Tiles are whole registers: ``nv`` vectors of ``lanes`` (the target's width, or half of
     it when only half-width vectors divide ``v``: 56 outputs are 7 ymm, never 3.5 zmm, whose
@@ -104,7 +113,7 @@ def micro_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False) -> tuple[in
                     score *= 0.75 if pad_ok else 0.6
                 if score > best_score:
                     best, best_score = (mr, nv, lanes), score
-    return best
+    return best, best_score
 
 
 def _pack(sch, blk, op, f, var: str, width: int, copy: bool = True):
@@ -235,7 +244,11 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         f, split = phased
     s_op, v_op, m, v, transposed = roles(f)
     einsum = _pure(s_op) and _pure(v_op)
-    mr, nv, lanes = micro_tile(target, f.extents[m], f.extents[v], pad_ok=einsum)
+    (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], pad_ok=einsum)
+    across = None if split or transposed else _across_m(target, f, s_op, m, v, score)
+    if across is not None:
+        return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
+                                  epilogue)
     nv_lanes = min(nv * lanes, f.extents[v])
     k_elems = product(f.extents[x] for x in f.reduce)
     limit = min(8, (target.l2_kib << 10) // PANEL_BYTES_FRACTION // (4 * k_elems * mr))
@@ -308,3 +321,110 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue) -> None:
     if extent(sch, wl) > lanes and extent(sch, wl) % lanes == 0:
         wl = sch.split(wl, [None, lanes])[-1]
     sch.vectorize(wl)
+
+
+def _across_m(target, f, s_op, m: str, v: str, score_along_v: float):
+    """``(mr, nv, lanes)`` of the tile with its vectors along ``m`` instead of ``v`` (``mr``
+    output positions along ``v``, each a broadcast of ``V``; ``nv`` vectors of ``S`` packed
+    along ``m``), when it beats the tile along ``v`` by :data:`ACROSS_M_MARGIN`: a windowed
+    contraction whose rows are short or not a whole number of vectors (an NCHW conv2d's 56
+    columns are 7 ymm, half the machine's width, while its 64 output channels are 4 full zmm).
+    None when ``S`` cannot be packed along ``m`` or no tile covers ``m`` in whole vectors."""
+    full = max(1, target.vector_bits // 32)
+    m_ext, v_ext = f.extents[m], f.extents[v]
+    if not _pure(s_op) or m_ext % full:
+        return None
+    best, best_score = None, 0.0
+    for nv in range(1, 5):
+        if m_ext % (nv * full):
+            continue
+        # registers LLVM keeps for the broadcasts it shares between overlapping window
+        # taps: 14 x 2 accumulators spill, 10 x 2 do not
+        for mr in range(1, min(v_ext, (vector_registers(target) - nv - 8) // nv) + 1):
+            # S's vectors stream from L2 (its panel spans the whole reduction), V's
+            # broadcasts hit L1: an S load costs more
+            score = mr * nv / (mr + ACROSS_S_LOAD_COST * nv) * (0.6 if v_ext % mr else 1.0)
+            if mr * nv < 8:
+                score *= 0.7
+            if score > best_score:
+                best, best_score = (mr, nv, full), score
+    if best is None:
+        return None
+    # the same measure the tile along v was chosen by, so the two compare
+    mr, nv, _ = best
+    alike = (mr * nv / (mr + nv) + 0.01 * mr * nv) * (0.6 if v_ext % mr else 1.0)
+    return best if alike > ACROSS_M_MARGIN * score_along_v else None
+
+
+def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Detail:
+    """Vectors along ``m``: ``S`` packed ``[m // (nv * lanes), reduction.., nv * lanes]``,
+    loops ``[outer.., m0, v0, reduction.., mr, nv, lanes]`` (``m0`` first when the outer
+    rows are too few to share the cores); the accumulators' buffer holds ``m`` innermost and
+    the write-back transposes the tile into the output (once per tile, after the whole
+    reduction)."""
+    from tvm.tirx import IndexMap
+
+    s_op, v_op, m, v = roles_
+    mr, nv, lanes = tile
+    blk = sch.get_sblock(name)
+    pack = _pack(sch, blk, s_op, f, m, nv * lanes)
+    loops = sch.get_loops(blk)
+    by = dict(zip([*f.spatial, *f.reduce], loops))
+    m0, mv, ml = sch.split(by[m], [None, nv, lanes])
+    v0, vi = sch.split(by[v], [None, mr])
+    outer = [by[x] for x in f.spatial if x not in (m, v)]
+    red = [by[x] for x in f.reduce]
+    # m0 inside the rows: a row's V window (the padding computed per row) serves every m0
+    by_row = product(extent(sch, lp) for lp in outer) >= 4 * target.cores
+    if by_row:
+        sch.reorder(*outer, m0, v0, *red, vi, mv, ml)
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    else:
+        sch.reorder(m0, *outer, v0, *red, vi, mv, ml)
+        fused = sch.fuse(m0, *outer) if outer else m0
+        if extent(sch, fused) < 4 * target.cores:
+            fused = v0 = sch.fuse(fused, v0)
+    if target.cores > 1 and extent(sch, fused) >= 2:
+        sch.parallel(fused)
+    wb = sch.cache_write(blk, 0, "local")
+    # the accumulators' buffer with m innermost, so a tile row is whole vectors
+    nd = len(f.spatial)
+    mi = f.spatial.index(m)
+    sch.transform_layout(blk, ("write", 0), IndexMap.from_func(
+        lambda *ix: [*ix[:mi], *ix[mi + 1:], ix[mi]], ndim=nd, index_dtype="int32"))
+    if epilogue is not None:
+        sch.reverse_compute_inline(sch.get_sblock(epilogue))
+    sch.reverse_compute_at(wb, v0, preserve_unit_loops=True)
+    sch.unroll(vi)
+    sch.unroll(mv)
+    sch.vectorize(ml)
+    inside = _rows_inside(sch, blk, v_op, fused, target) if by_row else []
+    sch.decompose_reduction(blk, red[0])
+    from schedules.patterns.injective import schedule_injective
+
+    schedule_injective(sch, sch.get(pack).name_hint, target)
+    return Detail(f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) "
+                  f"over {v} x {m}: vectors along {m}, S packed along it, {v} broadcast"
+                  + (f", {', '.join(inside)} computed per parallel row" if inside else ""),
+                  also=tuple(inside))
+
+
+def _rows_inside(sch, blk, v_op, loop, target) -> list[str]:
+    """Compute ``V``'s padding stage inside each iteration of the row ``loop`` (the few rows
+    of it that iteration reads) instead of in a pass of its own: one wake-up of the thread
+    pool per call instead of two (about 8% of a 0.5 ms conv2d with parked workers), and
+    rows written just before they are read stay in L1. Returns the stages moved."""
+    from schedules.patterns.analysis import block_facts
+
+    moved = []
+    for prod in sch.get_producers(blk):
+        f = block_facts(sch, prod)
+        if f.out_buffer != v_op.buffer or not f.injective or len(sch.get_consumers(prod)) > 1:
+            continue
+        sch.compute_at(prod, loop, preserve_unit_loops=True)
+        lanes = target.lanes(f.out_dtype)
+        inner = sch.get_loops(prod)[-1]
+        if extent(sch, inner) >= lanes:
+            sch.vectorize(sch.split(inner, [None, lanes])[-1])
+        moved.append(f.name)
+    return moved
