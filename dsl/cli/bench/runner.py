@@ -38,7 +38,7 @@ def _parse(argv):
                    help="input dtype of our kernels (the peer runs float32); bfloat16 and "
                         "int8 rows are held to this machine's bf16 and int8 roofs; int8: the "
                         "conv2d suite's dx rows (int32 results)")
-    p.add_argument("--settle", type=float, default=0.02,
+    p.add_argument("--settle", type=float, default=0.03,
                    help="seconds to sleep before each sample, so the other side's spinning "
                         "worker threads (TVM pool, OpenMP) park first")
     output.add_json_arg(p)
@@ -129,18 +129,27 @@ def measure(prep, repeat: int, min_time: float, use_peer: bool,
     return times[0], (times[1] if peer is not None else None), extra
 
 
+# TVM's pool spins this many sched_yield rounds before parking a worker: about 7 ms on the
+# Zen 5 development VM, as long as libgomp's default spin (GOMP_SPINCOUNT 300000, measured 7
+# ms there); TVM's own default, 300000, spins about 110 ms.
+TVM_SPIN_COUNT = 20000
+
+
 def fair_thread_env(cores: int) -> None:
     """Set both runtimes' thread settings for side-by-side timing (before either pool starts).
 
     TVM sizes its thread pool once, when it first starts it, from TVM_NUM_THREADS; unset, it
     takes half the logical CPUs (it assumes SMT), so ours would run on fewer threads than the
-    peer is given. Idle worker threads of either runtime must not spin while the other side
-    is timed: TVM's pool and PyTorch's OpenMP both busy-wait after a parallel region by
-    default, which steals the other's cores; both park at once here.
+    peer is given. Each side runs as its users run it: idle workers spin briefly after a
+    parallel region, then park (libgomp's default; TVM's spin cut from ~110 ms to about as
+    long, :data:`TVM_SPIN_COUNT`), and the ``--settle`` sleep before every sample outlasts
+    both spins, so neither side's workers steal the cores while the other is timed. Parking
+    at once instead (spin 0, ``OMP_WAIT_POLICY=PASSIVE``) makes every parallel region of a
+    call wake its workers, which on a VM cost ours (4-6 regions per dw call) up to 0.4 ms of
+    a 0.5 ms kernel for the first ~60 calls after a pause.
     """
     os.environ.setdefault("TVM_NUM_THREADS", str(cores))
-    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(TVM_SPIN_COUNT))
 
 
 def geomean(values) -> float | None:
@@ -186,7 +195,7 @@ def mca_cell(r: dict) -> str:
     return mca.cell(r)
 
 
-def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.02,
+def run(workloads, *, repeat=7, min_time=0.03, use_peer=True, settle=0.03,
         out=None, counts=None, target=None, keep_asm=False) -> list[dict]:
     """Set up and time each workload, reporting progress on ``out`` (default stderr);
     returns one dict per row. ``counts`` (a thread sweep): each workload runs at each count
