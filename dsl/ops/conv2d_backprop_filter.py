@@ -32,10 +32,11 @@ Stages (schedules find them by tag)
 ``conv2d_backprop_filter.dy_group``  (groups > 1 only) dy regathered per x lane,
     ``[N, C1x, Ho, Wo, Cout_g, 16]`` fp32: lane ``cx0`` of block ``cx1`` holds its group's dy
     channel ``co``, so the reduction reads whole vectors.
-``conv2d_backprop_filter.nonfinite`` / ``.exact``  (dense layers with Cin in the lanes that
-    read x's padding) the fast ``acc`` multiplies the padding's zeros in; a NaN / inf scan
-    of dy and ``dw_exact``, the sum with the padding left out, which runs instead when the
-    scan finds one (:mod:`dsl.ops.fallback`). Other layers select dy to zero there.
+``conv2d_backprop_filter.nonfinite`` / ``.exact``  (dense layers that read x's padding,
+    either lane layout) the fast ``acc`` multiplies the padding's zeros in; a NaN / inf scan
+    of dy and ``dw_exact`` (in ``acc``'s layout), the sum with the padding left out, which
+    runs instead when the scan finds one (:mod:`dsl.ops.fallback`). Grouped layers select
+    dy to zero there.
 ``conv2d_backprop_filter.acc``    the fp32 reduction over ``(n, ho, wo)`` into a compact
     ``dw_acc [C1x, KH, KW, CO, 16]`` (Cin lanes last; CO = padded Cout for groups == 1, else
     Cout_g), so grouped and depthwise layers do no cross-group work; or, for a dense layer
@@ -114,7 +115,7 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
     if p.dot > 1:
         acc = _acc_dot(p, x_pairs(p, input_x), dy_pairs(p, out_backprop), exact)
     elif p.cout_lanes:
-        acc = _acc_cout_lanes(p, x_stage(p, input_x), dy_stage(p, out_backprop))
+        acc = _acc_cout_lanes(p, x_stage(p, input_x), dy_stage(p, out_backprop), exact)
     else:
         acc = _acc_cin_lanes(p, x_stage(p, input_x), dy_stage(p, out_backprop), exact)
     dw = scatter(p, acc, _attrs(p, input_x, out_backprop))
@@ -123,13 +124,13 @@ def conv2d_backprop_filter(input_x, out_backprop, filter_sizes, para_dict):
 
 def _met_by_zeros(p: Plan, input_x, out_backprop) -> list:
     """What the fast reduction multiplies by zeros the math has no product for, on dense
-    layers with Cin in the lanes (the others select dy to zero in x's padding instead): all
-    of dy when some tap reads x's padding and, for the pair reduction (``p.dot > 1``), the x
-    columns that the zero dy past an odd Wo meets (``dw_x_tail [N, C1x, H, KW, 16]``, those
-    of them inside x). A NaN / inf there must not reach dw."""
+    layers (grouped ones select dy to zero in x's padding instead): all of dy when some tap
+    reads x's padding and, for the pair reduction (``p.dot > 1``), the x columns that the
+    zero dy past an odd Wo meets (``dw_x_tail [N, C1x, H, KW, 16]``, those of them inside
+    x). A NaN / inf there must not reach dw."""
     from tvm import te
 
-    if p.cout_lanes or not p.lay.dense:
+    if not p.lay.dense:
         return []
     aw = p.aw
     met = []
@@ -404,9 +405,10 @@ def _acc_cin_lanes(p: Plan, xp, dyv, exact=None):
                       attrs=fallback.fast_attrs(exact) if exact is not None else {})
 
 
-def _acc_cout_lanes(p: Plan, xq, dy32):
+def _acc_cout_lanes(p: Plan, xq, dy32, exact=None):
     """``acc``: ``dw_acc_t [C1y, KH, KW, Cin, 16]``. Few input channels (an RGB stem): Cout is
-    the lane axis, so the padded lanes of Cin cost nothing; x is broadcast per channel."""
+    the lane axis, so the padded lanes of Cin cost nothing; x is broadcast per channel. With
+    its ``exact`` twin it multiplies x's zero padding in, as :func:`_acc_cin_lanes` does."""
     from tvm import te
 
     ah, aw = p.ah, p.aw
@@ -415,11 +417,13 @@ def _acc_cout_lanes(p: Plan, xq, dy32):
     def acc_t_body(cy1, k_h, k_w, ci, cy0):
         xv = xq[rn, ci, rh * ah.stride + k_h * ah.dilation, rw * aw.stride + k_w * aw.dilation]
         dyv = dy32[rn, cy1, rh, rw, cy0].astype(p.acc_dtype)
-        dyv = _skip_padding(p, dyv, _real_x(p, rh, rw, k_h, k_w))
+        if exact is None:
+            dyv = _skip_padding(p, dyv, _real_x(p, rh, rw, k_h, k_w))
         return te.sum(dyv * xv, axis=[rn, rh, rw])
 
     return te.compute((p.c1y, p.lay.kh, p.lay.kw, p.cin, C0), acc_t_body, name="dw_acc_t",
-                      tag=tag.stage(TAG, "acc"))
+                      tag=tag.stage(TAG, "acc"),
+                      attrs=fallback.fast_attrs(exact) if exact is not None else {})
 
 
 def x_pairs(p: Plan, input_x):
@@ -486,7 +490,7 @@ def _acc_dot(p: Plan, xq, dyq, exact):
 
 
 def _acc_exact(p: Plan, input_x, out_backprop, flag):
-    """The exact twin of :func:`_acc_dot` (run only when ``flag`` is set): the same sum
+    """The exact twin of the fast reductions (run only when ``flag`` is set): the same sum
     from the inputs themselves, terms whose x is padding left out."""
     import tvm
     from tvm import te
@@ -494,19 +498,31 @@ def _acc_exact(p: Plan, input_x, out_backprop, flag):
     ah, aw, acc = p.ah, p.aw, p.acc_dtype
     rn, rh, rw = _reduce_axes(p)
 
-    def body(cx1, k_h, k_w, co, cx0):
+    def term(k_h, k_w, ci, co):
         src_h = rh * ah.stride + k_h * ah.dilation - ah.pad_before
         src_w = rw * aw.stride + k_w * aw.dilation - aw.pad_before
-        xv = input_x[rn, cx1, clamp_index(src_h, ah.n_in), clamp_index(src_w, aw.n_in), cx0]
+        xv = input_x[rn, ci // C0, clamp_index(src_h, ah.n_in), clamp_index(src_w, aw.n_in),
+                     ci % C0]
         dy = out_backprop[rn, co // C0, rh, rw, co % C0]
         real = _real_x(p, rh, rw, k_h, k_w)
-        term = dy.astype(acc) * xv.astype(acc)
+        prod = dy.astype(acc) * xv.astype(acc)
         if real is not None:
-            term = te.if_then_else(real, term, tvm.tirx.const(0, acc))
-        return te.sum(term, axis=[rn, rh, rw])
+            prod = te.if_then_else(real, prod, tvm.tirx.const(0, acc))
+        return te.sum(prod, axis=[rn, rh, rw])
 
-    return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), body, name="dw_exact",
-                      tag=tag.DW_EXACT, attrs=fallback.twin_attrs(flag))
+    if p.cout_lanes:  # the layout of dw_acc_t
+        shape = (p.c1y, p.lay.kh, p.lay.kw, p.cin, C0)
+
+        def body(cy1, k_h, k_w, ci, cy0):
+            return term(k_h, k_w, ci, cy1 * C0 + cy0)
+    else:
+        shape = (p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0)
+
+        def body(cx1, k_h, k_w, co, cx0):
+            return term(k_h, k_w, cx1 * C0 + cx0, co)
+
+    return te.compute(shape, body, name="dw_exact", tag=tag.DW_EXACT,
+                      attrs=fallback.twin_attrs(flag))
 
 
 def scatter(p: Plan, acc, attrs: dict):
