@@ -17,6 +17,13 @@ L2 while the ``V`` panel of one tile column is reused by every micro-tile of the
 stride each reduction step across rows (a matmul's ``B[k, j]``: at power-of-two ``N`` every
 row of the panel maps to the same cache set) and the tile divides its extent. A consumer
 (bias, activation, cast) that reads ``C`` elementwise is fused into the tile's write-back.
+
+When ``v`` is short or no whole number of full-width vectors (an NCHW conv2d's rows of 56:
+seven half-width ymm on AVX-512) while ``m`` is whole vectors, the tile turns round: vectors
+along ``m`` (``S`` packed ``[m // (nv * lanes), k.., nv * lanes]``), ``mr`` positions of ``v``
+broadcast from ``V``, the accumulators' buffer with ``m`` innermost and a write-back that
+transposes the tile (:func:`_across_m` decides, by the same measure and a margin). The padding
+stage ``V`` comes from is then computed inside each parallel row.
 """
 
 from __future__ import annotations
@@ -368,24 +375,12 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
     mr, nv, lanes = tile
     blk = sch.get_sblock(name)
     pack = _pack(sch, blk, s_op, f, m, nv * lanes)
-    loops = sch.get_loops(blk)
-    by = dict(zip([*f.spatial, *f.reduce], loops))
+    by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
     m0, mv, ml = sch.split(by[m], [None, nv, lanes])
     v0, vi = sch.split(by[v], [None, mr])
-    outer = [by[x] for x in f.spatial if x not in (m, v)]
     red = [by[x] for x in f.reduce]
-    # m0 inside the rows: a row's V window (the padding computed per row) serves every m0
-    by_row = product(extent(sch, lp) for lp in outer) >= 4 * target.cores
-    if by_row:
-        sch.reorder(*outer, m0, v0, *red, vi, mv, ml)
-        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    else:
-        sch.reorder(m0, *outer, v0, *red, vi, mv, ml)
-        fused = sch.fuse(m0, *outer) if outer else m0
-        if extent(sch, fused) < 4 * target.cores:
-            fused = v0 = sch.fuse(fused, v0)
-    if target.cores > 1 and extent(sch, fused) >= 2:
-        sch.parallel(fused)
+    outer = [by[x] for x in f.spatial if x not in (m, v)]
+    fused, v0, by_row = _across_loops(sch, outer, (m0, v0), red, (vi, mv, ml), target)
     wb = sch.cache_write(blk, 0, "local")
     # the accumulators' buffer with m innermost, so a tile row is whole vectors
     nd = len(f.spatial)
@@ -409,10 +404,30 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
                   also=tuple(inside))
 
 
+def _across_loops(sch, outer, m0_v0, red, tile, target):
+    """Order ``[outer.., m0, v0, reduction.., tile..]`` with the outer rows across cores, or
+    ``m0`` (and ``v0``) joining them when the rows are too few to share the cores. Returns
+    ``(parallel loop, v0 (fused away: the parallel loop), whether the parallel loop is the
+    rows alone)``: then a row's V window (its padding computed per row) serves every m0."""
+    m0, v0 = m0_v0
+    by_row = product(extent(sch, lp) for lp in outer) >= 4 * target.cores
+    if by_row:
+        sch.reorder(*outer, m0, v0, *red, *tile)
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    else:
+        sch.reorder(m0, *outer, v0, *red, *tile)
+        fused = sch.fuse(m0, *outer) if outer else m0
+        if extent(sch, fused) < 4 * target.cores:
+            fused = v0 = sch.fuse(fused, v0)
+    if target.cores > 1 and extent(sch, fused) >= 2:
+        sch.parallel(fused)
+    return fused, v0, by_row
+
+
 def _rows_inside(sch, blk, v_op, loop, target) -> list[str]:
     """Compute ``V``'s padding stage inside each iteration of the row ``loop`` (the few rows
     of it that iteration reads) instead of in a pass of its own: one wake-up of the thread
-    pool per call instead of two (about 8% of a 0.5 ms conv2d with parked workers), and
+    pool per call instead of two (about 6% of a 0.5 ms conv2d with parked workers), and
     rows written just before they are read stay in L1. Returns the stages moved."""
     from schedules.patterns.analysis import block_facts
 

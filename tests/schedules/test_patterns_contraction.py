@@ -103,16 +103,24 @@ def _ref_conv(xn, wn, pad, stride=1):
     return out
 
 
+def _run_conv(geo, dtype, seed: int, what: str):
+    """Build, run and check the NCHW conv2d of ``geo`` = (n, ci, co, h, w, kh, kw, pad);
+    returns ``dsl.explain``'s answer."""
+    n, ci, co, h, w, kh, kw, pad = geo
+    rng = np.random.default_rng(seed)
+    x, wt, y = _conv2d(n, ci, co, h, w, kh, kw, pad, dtype)
+    xn, wn = rand((n, ci, h, w), dtype, rng), rand((co, ci, kh, kw), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    check(out, _ref_conv(xn, wn, pad), dtype, what)
+    return why
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("geo", [(2, 3, 8, 11, 13, 3, 3, 1), (1, 5, 7, 9, 17, 1, 1, 0),
                                  (3, 4, 16, 7, 5, 3, 2, 2)], ids=str)
 def test_user_conv2d_forward(geo, dtype):
-    n, ci, co, h, w, kh, kw, pad = geo
-    rng = np.random.default_rng(13)
-    x, wt, y = _conv2d(n, ci, co, h, w, kh, kw, pad, dtype)
-    xn, wn = rand((n, ci, h, w), dtype, rng), rand((co, ci, kh, kw), dtype, rng)
-    (out,), why = build_run([y], [x, wt], [xn, wn])
-    check(out, _ref_conv(xn, wn, pad), dtype, "conv2d")
+    pad = geo[-1]
+    why = _run_conv(geo, dtype, 13, "conv2d")
     assert why.rule_of("conv") == "patterns.contraction", str(why)
     if pad:  # materialised once (or per row of the contraction), never inlined
         assert why.rule_of("xpad") in ("patterns.injective", "patterns.contraction"), str(why)
@@ -239,12 +247,7 @@ def test_user_conv2d_vectors_across_output_channels(geo, dtype):
     """Rows shorter than a vector pair but output channels in whole vectors: the tile holds
     the channels in the lanes and broadcasts the input (an NCHW conv2d's 56 columns would be
     half-width registers); odd, prime and 1-wide windows, asymmetric kernels, batch > 1."""
-    n, ci, co, h, w, kh, kw, pad = geo
-    rng = np.random.default_rng(31)
-    x, wt, y = _conv2d(n, ci, co, h, w, kh, kw, pad, dtype)
-    xn, wn = rand((n, ci, h, w), dtype, rng), rand((co, ci, kh, kw), dtype, rng)
-    (out,), why = build_run([y], [x, wt], [xn, wn])
-    check(out, _ref_conv(xn, wn, pad), dtype, "conv2d across channels")
+    why = _run_conv(geo, dtype, 31, "conv2d across channels")
     assert "vectors along v_o" in _stage_why(why, "conv"), str(why)
     assert why.fell_to_generic() == []
 
