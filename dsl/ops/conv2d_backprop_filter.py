@@ -44,8 +44,9 @@ Stages (schedules find them by tag)
     with Cout in the lanes.
 ``conv2d_backprop_filter``        the compact result scattered into group FracZ, cast.
 
-bfloat16 on a target with AVX512-BF16 (:func:`dot_depth`; dense layers with Cin in the lanes)
-sums pairs of Wo positions in one ``vdpbf16ps`` step instead:
+bfloat16 on a target with AVX512-BF16 (``GroupLayout.dot_depth``: dense layers with Cin in
+the lanes) sums pairs of Wo positions in one ``vdpbf16ps`` step instead, one 512-bit load
+holding 16 lanes x 2 products:
 
 ``conv2d_backprop_filter.x_pair``  ``dw_x_pair [N, C1x, Hp, Wq, 16, 2]`` bf16: at padded
     column ``q``, lane by lane, x's columns ``q`` and ``q + stride_w`` (zero in the padding).
@@ -170,7 +171,7 @@ class Plan:
     aw: ConvAxis
     cout_lanes: bool
     acc_dtype: str  # every stage computes in it (see accumulation_dtype)
-    dot: int = 1  # Wo positions per lane of one dot-product step (see dot_depth); 1: FMAs
+    dot: int = 1  # Wo positions per lane of one dot-product step (GroupLayout.dot_depth)
 
     @property
     def n(self) -> int:
@@ -227,18 +228,9 @@ def plan(input_x, out_backprop, filter_sizes, para_dict) -> Plan:
 
 
 def dot_depth(dtype: str, lay: GroupLayout, cout_lanes: bool) -> int:
-    """Output positions one lane sums per step of the current target's dot-product
-    instruction (:meth:`targets.CpuTarget.dot_depth`: 2 for bfloat16 with AVX512-BF16), for
-    a dense layer with Cin in the lanes; else 1 (fp32 FMAs on converted values).
-
-    With ``dot > 1`` the reduction runs over pairs of adjacent Wo positions: ``dy_pair``
-    puts a pair of dy values side by side (one 32-bit broadcast) and ``x_pair`` the two x
-    vectors they meet, lane by lane, so one 512-bit load holds 16 lanes x 2 products."""
-    import targets
-
-    if cout_lanes or not lay.dense:
-        return 1
-    return targets.current().dot_depth(dtype)
+    """Wo positions per lane of one dot-product step for this dw
+    (:meth:`GroupLayout.dot_depth`; the few-channel layout has Cout in the lanes)."""
+    return lay.dot_depth(dtype, cin_lanes=not cout_lanes)
 
 
 def accumulation_dtype(dtype: str) -> str:

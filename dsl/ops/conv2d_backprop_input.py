@@ -48,7 +48,7 @@ multiplication by zero taps), so strided dx does exactly the forward's multiply-
 ``conv2d_backprop_input``         the phases interleaved, pad channels zeroed, cast to
     ``res_dtype``.
 
-int8 on a target with AVX-512 VNNI (:func:`dot_depth`; dense layers with Cin in the lanes):
+int8 on a target with AVX-512 VNNI (``GroupLayout.dot_depth``; dense layers with Cin in the lanes):
 dy_pad holds the unsigned bytes ``dy + 128`` (padding ``offset_x + 128``) that ``vpdpbusd``
 multiplies with signed weight bytes, the weight stage is ``[C1x, KH, KW, CO/4, 16, 4]`` int8
 (one 512-bit load is 16 lanes x 4 Cout), the reduction's last axis is those 4 Cout
@@ -161,7 +161,7 @@ class Plan:
     acc_dtype: str  # every stage computes in it (see accumulation_dtype)
     offset_x: int = 0  # int8 only: what the stride holes and the padding of dy read
     qlay: Int8DxLayout | None = None  # int8 only: the int8 dx FracZ of ``filters``
-    dot: int = 1  # Cout per lane of one dot-product step (see dot_depth); 1: multiply-adds
+    dot: int = 1  # Cout per lane of one dot-product step (GroupLayout.dot_depth)
 
     @property
     def n(self) -> int:
@@ -226,20 +226,9 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
 
 
 def dot_depth(dtype: str, lay: GroupLayout, positions: bool) -> int:
-    """Output channels one lane sums per step of the current target's dot-product
-    instruction (:meth:`targets.CpuTarget.dot_depth`: 4 for int8 with AVX-512 VNNI, 2 for
-    bfloat16 with AVX512-BF16), for a dense layer with Cin in the lanes; else 1.
-
-    With ``dot > 1`` the stages keep the narrow dtype and the weight stage puts ``dot``
-    consecutive Cout innermost, ``[C1x, KH, KW, CO/dot, 16, dot]``, so one 512-bit load
-    holds the 16 lanes x ``dot`` products the instruction sums (as TVM's x86 int8 compute
-    picks its packing by the target's int8 support). Every target computes these stages
-    correctly; only one with the instruction runs them at its rate."""
-    import targets
-
-    if positions or not lay.dense:
-        return 1
-    return targets.current().dot_depth(dtype)
+    """Cout per lane of one dot-product step for this dx (:meth:`GroupLayout.dot_depth`; the
+    few-channel ``positions`` layout has W, not Cin, in the lanes)."""
+    return lay.dot_depth(dtype, cin_lanes=not positions)
 
 
 def _check_para(para_dict) -> Conv2dPara:
@@ -454,8 +443,8 @@ def _dy_regather(p: Plan, out_backprop):
 def weight_stage(p: Plan, filters):
     """``weight``: the FracZ weight repacked for the reduction, in ``p.acc_dtype``:
     ``[Cin, KH, KW, Cout]`` (positions) or ``[C1x, KH, KW, CO, 16]`` with zero pad channels;
-    with ``p.dot > 1`` (see :func:`dot_depth`) ``[C1x, KH, KW, CO/dot, 16, dot]`` in the input
-    dtype."""
+    with ``p.dot > 1`` ``[C1x, KH, KW, CO/dot, 16, dot]`` in the input dtype: one 512-bit
+    load holds the 16 lanes x ``dot`` products the instruction sums."""
     from tvm import te
 
     lay, acc = p.lay, p.acc_dtype
@@ -475,7 +464,7 @@ def weight_stage(p: Plan, filters):
     def weight_dot_body(cx1, k_h, k_w, co_o, cx0, co_i):
         return _weight_value(p, filters, cx1, k_h, k_w, co_o * p.dot + co_i, cx0, p.dtype)
 
-    if p.dot > 1:  # see dot_depth
+    if p.dot > 1:  # the instruction's layout
         return te.compute((p.c1x, lay.kh, lay.kw, p.co_ext // p.dot, C0, p.dot),
                           weight_dot_body, name="dx_weight", tag=tag.stage(TAG, "weight"))
     return te.compute((p.c1x, lay.kh, lay.kw, p.co_ext, C0), weight_body, name="dx_weight",
@@ -562,7 +551,7 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
     """Cin in the lanes: ``dx_acc* [N, C1x, Hq, Wq, 16]``."""
     from tvm import te
 
-    if p.dot > 1:  # the last reduction axis is the dot-product instruction's (dot_depth)
+    if p.dot > 1:  # the last reduction axis is the dot-product instruction's
         rco1 = te.reduce_axis((0, p.c1y), name="co1")
         rco_o = te.reduce_axis((0, C0 // p.dot), name="co0")
         rco_i = te.reduce_axis((0, p.dot), name="co_dot")

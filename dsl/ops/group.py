@@ -179,6 +179,19 @@ class GroupLayout:
         return self.groups == 1
 
     # --- forward map: weight element -> FracZ index -----------------------------------------
+    def dot_depth(self, dtype: str, cin_lanes: bool) -> int:
+        """Reduction elements one lane sums per step of the current target's dot-product
+        instruction (:meth:`targets.CpuTarget.dot_depth`: 4 for int8 with AVX-512 VNNI, 2
+        for bfloat16 with AVX512-BF16) when the cube operators lay this weight out for it:
+        a dense layer with Cin in the vector lanes (``cin_lanes``); else 1 (multiply-adds).
+        Every target computes the layouts this picks correctly; only one with the
+        instruction runs them at its rate."""
+        import targets
+
+        if not cin_lanes or not self.dense:
+            return 1
+        return targets.current().dot_depth(dtype)
+
     def group_of_input_channel(self, c):
         """``(g, ci)`` of dx/x channel ``c``."""
         if self.groups == 1:
