@@ -39,8 +39,8 @@ def _parse(argv):
                         "int8 rows are held to this machine's bf16 and int8 roofs; int8: the "
                         "conv2d suite's dx rows (int32 results)")
     p.add_argument("--settle", type=float, default=0.03,
-                   help="seconds to sleep before each sample, so the other side's spinning "
-                        "worker threads (TVM pool, OpenMP) park first")
+                   help="seconds to sleep before each sample, then until the other "
+                        "sides' spinning worker threads (TVM pool, OpenMP, OpenBLAS) park")
     output.add_json_arg(p)
     p.add_argument("--no-peer", action="store_true", help="skip PyTorch")
     p.add_argument("--mca", action="store_true",
@@ -97,9 +97,32 @@ def _calibrate(fn, min_time: float) -> int:
     return max(1, min(10000, int(math.ceil(min_time / one))))
 
 
+# After ``--settle`` the process's other threads must have gone quiet: less than this share
+# of one core's time spent by them over a QUIET_WINDOW-second window. OpenBLAS (numpy's
+# matmul) spins its workers about 2^28 cycles (~60 ms) after a call, longer than any settle
+# worth waiting on every sample, and a kernel timed beside them runs at half speed.
+QUIET_SHARE = 0.05
+QUIET_WINDOW = 0.005
+QUIET_MAX_WAIT = 1.0
+
+
+def settle_quietly(seconds: float) -> float:
+    """Sleep ``seconds``, then until no other thread of this process is burning CPU (each
+    window's process CPU time, which a sleeping main thread adds nothing to, under
+    :data:`QUIET_SHARE`), at most :data:`QUIET_MAX_WAIT` more. Returns the seconds waited."""
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    while time.perf_counter() - t0 < seconds + QUIET_MAX_WAIT:
+        cpu = time.process_time()
+        time.sleep(QUIET_WINDOW)
+        if time.process_time() - cpu < QUIET_SHARE * QUIET_WINDOW:
+            break
+    return time.perf_counter() - t0
+
+
 def _sample(fn, iters: int, settle: float = 0.0) -> float:
     if settle > 0:
-        time.sleep(settle)
+        settle_quietly(settle)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()

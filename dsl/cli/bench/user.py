@@ -168,7 +168,8 @@ def _conv2d_fwd(d) -> Case:
     from tvm import te
 
     n, c, k, hw, ks, p = d["n"], d["c"], d["k"], d["hw"], d["ks"], d["pad"]
-    out = hw + 2 * p - ks + 1
+    st = d.get("stride", 1)
+    out = _conv_out(d)
     x = te.placeholder((n, c, hw, hw), name="x")
     w = te.placeholder((k, c, ks, ks), name="w")
     xp = te.compute((n, c, hw + 2 * p, hw + 2 * p), lambda b, ci, h, v: te.if_then_else(
@@ -177,19 +178,29 @@ def _conv2d_fwd(d) -> Case:
     rc, ry, rx = (te.reduce_axis((0, e), name=nm) for e, nm in ((c, "rc"), (ks, "ry"),
                                                                 (ks, "rx")))
     y = te.compute((n, k, out, out), lambda b, co, h, v: te.sum(
-        xp[b, rc, h + ry, v + rx] * w[co, rc, ry, rx], axis=[rc, ry, rx]), name="conv2d")
+        xp[b, rc, h * st + ry, v * st + rx] * w[co, rc, ry, rx], axis=[rc, ry, rx]),
+        name="conv2d")
     xv, wv = _data((n, c, hw, hw), 8), _data((k, c, ks, ks), 9)
 
     def numpy_fn():
         win = np.lib.stride_tricks.sliding_window_view(
             np.pad(xv, ((0, 0), (0, 0), (p, p), (p, p))), (ks, ks), axis=(2, 3))
+        win = win[:, :, ::st, ::st]
         return np.tensordot(win, wv, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
 
     def torch_fn(torch):
         tx, tw = torch.from_numpy(xv), torch.from_numpy(wv)
-        return lambda: torch.nn.functional.conv2d(tx, tw, padding=p)
+        return lambda: torch.nn.functional.conv2d(tx, tw, stride=st, padding=p)
 
     return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
+
+
+def _conv_out(d) -> int:
+    return (d["hw"] + 2 * d["pad"] - d["ks"]) // d.get("stride", 1) + 1
+
+
+def _conv_flops(d) -> float:
+    return 2.0 * d["n"] * d["k"] * d["c"] * d["ks"] ** 2 * _conv_out(d) ** 2
 
 
 # --- memory-bound rows (vector DSL and plain TE) -------------------------------------------
@@ -441,8 +452,11 @@ def specs() -> list[Spec]:
         Spec("conv2d_nchw_3x3_56x56x64", "conv2d",
              {"full": {"n": 1, "c": 64, "k": 64, "hw": 56, "ks": 3, "pad": 1},
               "tiny": {"n": 2, "c": 3, "k": 5, "hw": 7, "ks": 3, "pad": 1}}, _conv2d_fwd,
-             lambda d: 2.0 * d["n"] * d["k"] * d["c"] * d["ks"] ** 2 * (
-                 d["hw"] + 2 * d["pad"] - d["ks"] + 1) ** 2),
+             _conv_flops),
+        Spec("conv2d_nchw_3x3_s2_56x56x64", "conv2d",
+             {"full": {"n": 1, "c": 64, "k": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 2},
+              "tiny": {"n": 2, "c": 3, "k": 5, "hw": 9, "ks": 3, "pad": 1, "stride": 2}},
+             _conv2d_fwd, _conv_flops),
         Spec("softmax_4096x1024", "softmax", {"full": {"rows": 4096, "cols": 1024},
                                               "tiny": {"rows": 5, "cols": 37}}, _softmax,
              lambda d: 5.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1)),

@@ -72,3 +72,29 @@ def test_bench_failure_is_reported_not_raised(smoke_suite, capsys):
 def test_geomean():
     assert runner.geomean([2.0, 8.0]) == pytest.approx(4.0)
     assert runner.geomean([]) is None
+
+
+class _Clock:
+    """perf_counter, process_time and sleep of a process whose other threads burn one core
+    for ``busy`` seconds after the start, then park."""
+
+    def __init__(self, busy: float):
+        self.now, self.busy = 0.0, busy
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def process_time(self) -> float:
+        return min(self.now, self.busy)
+
+
+@pytest.mark.parametrize("busy, waited", [(0.0, 0.035), (0.08, 0.085), (5.0, 1.03)])
+def test_settle_waits_for_spinning_threads_to_park(monkeypatch, busy, waited):
+    # OpenBLAS's workers spin ~60 ms after a numpy matmul: the next side timed must not run
+    # beside them; a thread that never parks bounds the wait (QUIET_MAX_WAIT).
+    clock = _Clock(busy)
+    monkeypatch.setattr(runner, "time", clock)
+    assert runner.settle_quietly(0.03) == pytest.approx(waited, abs=runner.QUIET_WINDOW)
