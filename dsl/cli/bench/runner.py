@@ -90,10 +90,16 @@ def machine(target, threads: int, peer_version: str | None) -> dict:
 
 
 def _calibrate(fn, min_time: float) -> int:
-    """Iterations per sample so that one sample lasts about ``min_time`` seconds."""
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
+    """Iterations per sample so that one sample lasts about ``min_time`` seconds, from warm
+    calls: the first call after a pause can take several times a warm one (idle cores
+    clock up again; PyTorch's first conv after 30 ms of sleep took 7-13 ms instead of 1.2),
+    and a count fitted to it would leave each sample a handful of calls, most of them cold."""
+    _warm_up(fn)
+    n, t0 = 0, time.perf_counter()
+    while n < 3 or time.perf_counter() - t0 < min_time / 2:
+        fn()
+        n += 1
+    one = max((time.perf_counter() - t0) / n, 1e-7)
     return max(1, min(10000, int(math.ceil(min_time / one))))
 
 
@@ -120,9 +126,23 @@ def settle_quietly(seconds: float) -> float:
     return time.perf_counter() - t0
 
 
+# Untimed calls at the start of every sample, after the settle: the cores idled through it,
+# and a kernel's first few calls after such a pause ran 1.5-2.5x a warm call on the
+# development VM (ours and PyTorch's alike), which is not the steady state a row reports.
+WARMUP_SECONDS = 0.02
+
+
+def _warm_up(fn) -> None:
+    t0 = time.perf_counter()
+    fn()
+    while time.perf_counter() - t0 < WARMUP_SECONDS:
+        fn()
+
+
 def _sample(fn, iters: int, settle: float = 0.0) -> float:
     if settle > 0:
         settle_quietly(settle)
+        _warm_up(fn)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()

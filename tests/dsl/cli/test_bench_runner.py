@@ -98,3 +98,26 @@ def test_settle_waits_for_spinning_threads_to_park(monkeypatch, busy, waited):
     clock = _Clock(busy)
     monkeypatch.setattr(runner, "time", clock)
     assert runner.settle_quietly(0.03) == pytest.approx(waited, abs=runner.QUIET_WINDOW)
+
+
+def _cold_then_warm(clock: _Clock, cold: int, slow: float, fast: float):
+    """A kernel whose first ``cold`` calls (after a pause) take ``slow`` seconds each."""
+    calls = []
+
+    def fn():
+        clock.now += slow if len(calls) < cold else fast
+        calls.append(clock.now)
+
+    return fn, calls
+
+
+def test_calibration_and_samples_count_warm_calls_only(monkeypatch):
+    # The first call after a pause took 7-13 ms for a 1.2 ms PyTorch conv: fitted to it, a
+    # 30 ms sample held 4 calls, mostly cold. Calibrate on warm calls, warm up each sample.
+    clock = _Clock(0.0)
+    monkeypatch.setattr(runner, "time", clock)
+    fn, _ = _cold_then_warm(clock, cold=2, slow=0.010, fast=0.001)
+    assert runner._calibrate(fn, 0.03) == 30
+    fn, calls = _cold_then_warm(clock, cold=3, slow=0.004, fast=0.001)
+    assert runner._sample(fn, 10, settle=0.03) == pytest.approx(0.001)
+    assert len(calls) > 10  # the cold calls ran before the clock started
