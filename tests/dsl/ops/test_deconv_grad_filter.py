@@ -40,7 +40,7 @@ CASES = [
 # 6-row register tiles on AVX2 (16 lanes, 12 accumulators) over extents 6 does not divide:
 # each group's last row tile is ragged and gets a loop nest of its own
 RAGGED = [
-    D(2, 5, 7, 32, 10, 14, 32, 4, 2, 1, 1, 2),               # g2: 16 oc per group, 6 + 6 + 4
+    D(2, 5, 7, 32, 10, 14, 28, 4, 2, 1, 1, 2),               # g2: 14 oc per group, 6 + 6 + 2
     D(1, 6, 5, 16, 11, 9, 13, 3, 2, (1, 0), 1, 1),           # 13 oc (prime): 6 + 6 + 1
     D(3, 4, 7, 48, 8, 13, 44, 2, (2, 1), (0, 1), (1, 2), 1),  # 44 oc, dilated: 7 x 6 + 2
     D(2, 5, 6, 13, 9, 11, 16, 3, 2, 1, 1, 1),                # oc-vector, rows over 13 ic
@@ -265,3 +265,38 @@ def test_dy_is_packed_into_panels_where_the_tile_broadcasts_it(c, why):
     kernel.s_tir()
     notes = {b: w for b, _, w in kernel.decisions}
     assert notes["dy_pad"] == why, notes
+
+
+# Vectors along oc (16 ic and 32 oc per group fill AVX-512's lanes alike: the tie goes to oc):
+# dy is read in place from its pad copy while a step uses a quarter or more of the
+# stride_w * out_c floats it strides over, else from panels of the tile's 32 channels.
+OC_VECTOR = [
+    (D(2, 5, 6, 16, 10, 12, 32, 4, 2, 1, 1, 1), "elementwise pad"),  # uses 32 / 64
+    (D(2, 5, 6, 64, 10, 12, 128, 4, 2, 1, 1, 4),                      # uses 32 / 256
+     "pad into panels of 32 channels, 2 x 2 stride-phase planes"),
+    (D(1, 4, 5, 48, 9, 11, 96, 3, 2, (1, 0), 1, 3),                   # odd padded extents:
+     "pad into panels of 32 channels, 1 x 1 stride-phase planes"),    # no phase planes
+]
+
+
+@pytest.mark.parametrize("c,why", OC_VECTOR, ids=lambda v: case_id(v) if isinstance(v, dict)
+                         else "")
+def test_oc_vector_reads_dy_in_place_or_from_panels(c, why):
+    from tvm import te
+
+    tgt = targets.get("x86-avx512")
+    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
+    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], dilation=c["d"],
+                            group=c["g"])
+    kernel = dsl.auto_schedule([dw], tgt)
+    kernel.s_tir()
+    notes = {b: w for b, _, w in kernel.decisions}
+    assert notes["dw_acc"].startswith("oc-vector register tile of "), notes
+    assert notes["dy_pad"] == why, notes
+    assert "x_global" not in notes  # the broadcast operand is read in place
+    if targets.runnable(tgt):
+        dy_v, x_v = data(c, "float32", seed=6)
+        out = kernel_for(c, "float32", tgt)(dy_v, x_v)
+        assert_close(out, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
+                     "float32", case_id(c))
