@@ -19,14 +19,15 @@ Two shapes of loop nest:
   (``rfactor``) computed in parallel into ``local`` accumulator tiles, then added.
 
 When the tile broadcasts ``dy`` (vector along ``ic``), or loads it as vectors along ``oc`` that
-use under a quarter of what each step strides over (:func:`_dy_in_panels`: a group's 32 of
-256 channels), the zero-padded ``dy`` is laid out as GotoBLAS panels: the tile's ``oc`` rows innermost and one plane per stride phase
-(``[g, oc // rows, y % sh, x % sw, b, y // sh, x // sw, oc % rows]``, ``oc`` within group
-``g``), so consecutive reduction steps broadcast from consecutive bytes instead of touching a
-new cache line each (a k4 s2 layer: 42 -> 74 GFLOP/s on one Zen 3 core). The pad is a copy the
-kernel made anyway. x is packed the same way (``[c // lanes, b, h, w, c % lanes]``) when its
-rows hold other tiles' channels: read in place, a power-of-two ``in_c`` puts every step in the
-same few L1 sets (grouped_g8 bench layer on 2 Zen 3 cores: 122 -> 132 GFLOP/s).
+use under a quarter of what each step strides over (:func:`_dy_in_panels`: a group's 32 of 256
+channels), the zero-padded ``dy`` is laid out as GotoBLAS panels: the tile's ``oc`` channels
+innermost and one plane per stride phase (``[g, oc // rows, y % sh, x % sw, b, y // sh, x //
+sw, oc % rows]``, ``oc`` within group ``g``), so consecutive reduction steps read consecutive
+bytes instead of touching a new cache line each (a k4 s2 layer: 42 -> 74 GFLOP/s on one Zen 3
+core). The pad is a copy the kernel made anyway. x is packed the same way (``[c // lanes, b, h,
+w, c % lanes]``) when its rows hold other tiles' channels: read in place, a power-of-two
+``in_c`` puts every step in the same few L1 sets (grouped_g8 bench layer on 2 Zen 3 cores: 122
+-> 132 GFLOP/s).
 
 The tile has the target's accumulator budget of rows (6 x 16 on AVX2); where 6 does not
 divide the row axis (64 channels), the last row tile is ragged and gets a loop nest of its

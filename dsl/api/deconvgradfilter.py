@@ -86,8 +86,33 @@ _EXECUTOR_LOCK = threading.Lock()
 _RUN_LOCK = threading.Lock()
 
 
+# Geometries of params already checked, by their first PARAM_LEN values (plain ints only):
+# a call repeats its param and the checks cost more than a 1 ms kernel can hide.
+_GEOMETRIES: dict[tuple, DeconvGeometry] = {}
+MEMO_MAX = 256
+
+
 def parse_param(param) -> DeconvGeometry:
     """Check ``param`` (see the module docstring) and return the geometry."""
+    key = _memo_key(param)
+    geo = _GEOMETRIES.get(key) if key is not None else None
+    if geo is None:
+        geo = _check_param(param)
+        if key is not None:
+            if len(_GEOMETRIES) >= MEMO_MAX:
+                _GEOMETRIES.clear()
+            _GEOMETRIES[key] = geo
+    return geo
+
+
+def _memo_key(param) -> tuple | None:
+    if type(param) not in (list, tuple) or len(param) < PARAM_LEN:
+        return None
+    head = tuple(param[:PARAM_LEN])
+    return head if all(type(v) is int for v in head) else None
+
+
+def _check_param(param) -> DeconvGeometry:
     if isinstance(param, np.ndarray):
         if param.ndim != 1 or not np.issubdtype(param.dtype, np.integer):
             raise fail(E_TYPE, "param", f"ndarray {param.dtype} {param.shape}",
@@ -140,8 +165,30 @@ def kernel_for(geo: DeconvGeometry, dtype: str, cores: int):
         return [dy, x], [dw]
 
     tgt = targets.current().with_cores(cores)
-    return get_kernel({"op": "deconvgradfilter", "geometry": geo.as_json(), "dtype": dtype},
-                      make, prefix="deconvgradfilter", target=tgt)
+    return get_kernel(_signature(geo, dtype), make, prefix="deconvgradfilter", target=tgt)
+
+
+def _signature(geo: DeconvGeometry, dtype: str) -> dict:
+    return {"op": "deconvgradfilter", "geometry": geo.as_json(), "dtype": dtype}
+
+
+def _kernel(geo: DeconvGeometry, dtype: str, cores: int):
+    """:func:`kernel_for`, with the kernel cache's key for these arguments remembered: a
+    repeated call skips hashing the signature (the cache itself still answers)."""
+    from dsl.runtime import kernel_cache, schedule
+
+    tgt = targets.current()
+    memo = (geo, dtype, cores, tgt, schedule.INT64_INDEX_FROM)
+    key = _KEYS.get(memo)
+    if key is None:
+        if len(_KEYS) >= MEMO_MAX:
+            _KEYS.clear()
+        key = _KEYS[memo] = kernel_cache.signature_key(_signature(geo, dtype),
+                                                      tgt.with_cores(cores))
+    return kernel_cache.cached(key) or kernel_for(geo, dtype, cores)
+
+
+_KEYS: dict[tuple, str] = {}
 
 
 @contextlib.contextmanager
@@ -172,6 +219,22 @@ def _configure(threads: int) -> None:
             config(1, 0)
 
 
+_CALLER = threading.local()
+
+
+def _caller_pool_threads() -> int:
+    """Threads of the calling thread's own TVM pool. The first call from a thread creates
+    the pool, unpinned, as TVM would for any kernel that thread runs."""
+    import tvm
+
+    if getattr(_CALLER, "has_pool", False):
+        return tvm.runtime.num_threads()
+    with _unbound():
+        n = tvm.runtime.num_threads()
+    _CALLER.has_pool = True
+    return n
+
+
 def _init_pool_thread() -> None:
     # the pool is created on first use with as many workers as the concurrency then in force:
     # create it with every core so later calls can use any number up to that
@@ -189,6 +252,10 @@ def _executor() -> ThreadPoolExecutor:
 
 
 def _run_threads(threads: int, fn):
+    if _caller_pool_threads() == threads:  # no hand-over to the helper thread needed
+        STATS["threads"] = threads
+        return fn()
+
     def job():
         import tvm
 
@@ -222,7 +289,7 @@ def _deconv_grad_filter(dtype: str, dy, x, dw, param, cores: int | None, core_ma
         raise fail(E_VALUE, "dw", "read-only array", "must be writeable (written in place)")
     if cores is None:
         cores = core_count(core_mask)
-    kernel = kernel_for(geo, dtype, cores)
+    kernel = _kernel(geo, dtype, cores)
     args = [_tvm_view(dy, geo.dy_shape, copy=True), _tvm_view(x, geo.x_shape, copy=True)]
     aliased = np.may_share_memory(dw, dy) or np.may_share_memory(dw, x)
     out = None if aliased else _tvm_view(dw, geo.dw_shape, copy=False)

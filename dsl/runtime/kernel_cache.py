@@ -90,6 +90,16 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
         return kernel
 
 
+def cached(key: str):
+    """The in-process kernel under ``key`` (:func:`signature_key`), or None."""
+    with _LOCK:
+        kernel = _MEMORY.get(key)
+        if kernel is not None:
+            STATS["hits"] += 1
+            _MEMORY.move_to_end(key)
+        return kernel
+
+
 def clear_memory() -> None:
     """Forget the in-process kernels (the disk cache stays)."""
     with _LOCK:

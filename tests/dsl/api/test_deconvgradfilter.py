@@ -205,10 +205,35 @@ def test_shared_version_uses_popcount_threads():
 
 
 @pytest.mark.skipif(CORES < 2, reason="needs two cores")
-def test_shared_version_reconfigures_a_pool_at_another_count_then_restores_the_default():
+def test_shared_version_runs_on_the_callers_pool_when_its_size_matches(monkeypatch):
     import tvm
 
     from dsl.api import deconvgradfilter as api
+
+    def no_helper():
+        raise AssertionError("handed to the helper thread")
+
+    dy, x = seed_data(BIG, "float32")
+    dw = np.zeros(dw_size(BIG), np.float32)
+    mine = api._caller_pool_threads()
+    assert mine == tvm.runtime.num_threads()
+    monkeypatch.setattr(api, "_executor", no_helper)
+    fp_deconv_grad_filter_s(dy, x, dw, BIG, (1 << mine) - 1)
+    assert STATS["threads"] == mine
+    other = next((c for c in range(2, CORES + 1) if c != mine), None)
+    if other is not None:  # a count the caller's pool does not have: the helper runs it
+        with pytest.raises(AssertionError, match="helper"):
+            fp_deconv_grad_filter_s(dy, x, dw, BIG, (1 << other) - 1)
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs two cores")
+def test_shared_version_reconfigures_a_pool_at_another_count_then_restores_the_default(
+        monkeypatch):
+    import tvm
+
+    from dsl.api import deconvgradfilter as api
+
+    monkeypatch.setattr(api, "_caller_pool_threads", lambda: 0)  # another count: the helper
 
     def helper_threads():
         return api._executor().submit(tvm.runtime.num_threads).result()
@@ -301,3 +326,24 @@ def test_dw_size_error_names_the_params():
         fp_deconv_grad_filter_p(dy, x, np.zeros(10, np.float32), SEED)
     for i in (3, 7, 8, 9, 16):
         assert f"param[{i}]" in e.value.rule
+
+
+def test_repeated_calls_reuse_the_checked_geometry_and_the_cache_key():
+    from dsl.api import deconvgradfilter as api
+
+    geo = api.parse_param(list(BIG))
+    assert api.parse_param(list(BIG)) is geo  # checked once
+    bad = list(BIG)
+    bad[3] = 0  # in_c
+    with pytest.raises(dsl.DslError):
+        api.parse_param(bad)
+    with pytest.raises(dsl.DslError):
+        api.parse_param(bad)  # a failed check is never remembered
+    dy, x = seed_data(BIG, "float32")
+    dw = np.zeros(dw_size(BIG), np.float32)
+    fp_deconv_grad_filter_p(dy, x, dw, BIG)
+    first = dw.copy()
+    kernel_cache.clear_memory()  # the remembered key no longer answers: looked up again
+    dw[...] = 0
+    fp_deconv_grad_filter_p(dy, x, dw, BIG)
+    np.testing.assert_array_equal(dw, first)
