@@ -68,10 +68,8 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
     tgt = target_get(target) if target is not None else targets.current()
     key = signature_key(signature, tgt)
     with _LOCK:
-        kernel = _MEMORY.get(key)
+        kernel = _hit(key)
         if kernel is not None:
-            STATS["hits"] += 1
-            _MEMORY.move_to_end(key)
             return kernel
         start = time.perf_counter()
         inputs, outputs = make()
@@ -93,11 +91,16 @@ def get_kernel(signature: dict, make: Callable[[], tuple[list, list]], *, prefix
 def cached(key: str):
     """The in-process kernel under ``key`` (:func:`signature_key`), or None."""
     with _LOCK:
-        kernel = _MEMORY.get(key)
-        if kernel is not None:
-            STATS["hits"] += 1
-            _MEMORY.move_to_end(key)
-        return kernel
+        return _hit(key)
+
+
+def _hit(key: str):
+    """A lookup in the in-process cache, counted and made most recent (``_LOCK`` held)."""
+    kernel = _MEMORY.get(key)
+    if kernel is not None:
+        STATS["hits"] += 1
+        _MEMORY.move_to_end(key)
+    return kernel
 
 
 def clear_memory() -> None:
