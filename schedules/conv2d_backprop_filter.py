@@ -24,6 +24,7 @@ from schedules.toolbox import (
     C0,
     PARALLEL_MIN_ELEMS,
     c0_vectors,
+    divisors,
     elementwise_c0,
     extent,
     extents,
@@ -93,8 +94,7 @@ def reduction_chunks(sch, block, target, tiles: dict[int, int]) -> int:
 
 def exact_chunks(rows: int, chunks: int) -> int:
     """The divisor of ``rows`` nearest ``chunks`` (the smaller on a tie)."""
-    return min((d for d in range(1, rows + 1) if rows % d == 0),
-               key=lambda d: (abs(d - chunks), d))
+    return min(divisors(rows), key=lambda d: (abs(d - chunks), d))
 
 
 def schedule_acc(sch, block, target, grouped: bool) -> int:

@@ -394,7 +394,7 @@ def _acc_cin_lanes(p: Plan, xp, dyv, exact=None):
 
     return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",
                       tag=tag.stage(TAG, "acc"),
-                      attrs=fallback.fast_attrs(exact) if exact is not None else {})
+                      attrs=fallback.fast_attrs(exact))
 
 
 def _acc_cout_lanes(p: Plan, xq, dy32, exact=None):
@@ -415,7 +415,7 @@ def _acc_cout_lanes(p: Plan, xq, dy32, exact=None):
 
     return te.compute((p.c1y, p.lay.kh, p.lay.kw, p.cin, C0), acc_t_body, name="dw_acc_t",
                       tag=tag.stage(TAG, "acc"),
-                      attrs=fallback.fast_attrs(exact) if exact is not None else {})
+                      attrs=fallback.fast_attrs(exact))
 
 
 def x_pairs(p: Plan, input_x):
@@ -478,7 +478,7 @@ def _acc_dot(p: Plan, xq, dyq, exact):
 
     return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",
                       tag=tag.stage(TAG, "acc"),
-                      attrs=fallback.fast_attrs(exact) if exact is not None else {})
+                      attrs=fallback.fast_attrs(exact))
 
 
 def _acc_exact(p: Plan, input_x, out_backprop, flag):

@@ -79,5 +79,6 @@ def twin_attrs(flag) -> dict:
 
 
 def fast_attrs(twin) -> dict:
-    """The attributes of a fast reduction whose values ``twin`` replaces when it ran."""
-    return {tag.EXACT_TWIN: twin.op.name}
+    """The attributes of a fast reduction whose values ``twin`` replaces when it ran (none
+    when ``twin`` is None: the reduction has no twin)."""
+    return {tag.EXACT_TWIN: twin.op.name} if twin is not None else {}
