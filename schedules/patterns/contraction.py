@@ -109,8 +109,7 @@ def scored_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False):
             if nv > 1 and (nv - 1) * lanes >= v_ext:
                 break
             for mr in range(min((regs - nv - 1) // nv, m_ext), 0, -1):
-                # FMAs per load, then tile size, per full-width FMA
-                score = (mr * nv / (mr + nv) + 0.01 * mr * nv) * lanes / full
+                score = _merit(mr, nv) * lanes / full  # per full-width FMA
                 if mr * nv < 8:  # fewer accumulators than FMA latency x ports: stalls
                     score *= 0.7
                 # padding costs copies (and measured no faster at 1024^3), a guard more
@@ -330,6 +329,11 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue) -> None:
     sch.vectorize(wl)
 
 
+def _merit(rows: int, vectors: int) -> float:
+    """A ``rows x vectors`` register tile's FMAs per load, then its size as a tie-break."""
+    return rows * vectors / (rows + vectors) + 0.01 * rows * vectors
+
+
 def _across_m(target, f, s_op, m: str, v: str, score_along_v: float):
     """``(mr, nv, lanes)`` of the tile with its vectors along ``m`` instead of ``v`` (``mr``
     output positions along ``v``, each a broadcast of ``V``; ``nv`` vectors of ``S`` packed
@@ -359,7 +363,7 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float):
         return None
     # the same measure the tile along v was chosen by, so the two compare
     mr, nv, _ = best
-    alike = (mr * nv / (mr + nv) + 0.01 * mr * nv) * (0.6 if v_ext % mr else 1.0)
+    alike = _merit(mr, nv) * (0.6 if v_ext % mr else 1.0)
     return best if alike > ACROSS_M_MARGIN * score_along_v else None
 
 
