@@ -13,10 +13,16 @@ the fast reduction take the twin's values then.
 
 Stages (tags ``<op>.nonfinite`` and ``<op>.exact``)
 ----------------------------------------------------
-``<name>_lanes<i>``  ``[P, L]`` int8: 1 where some element of input ``i`` (viewed as
-    ``[P, M, L]``, ``P`` its first axis, ``L`` a divisor of its last axis up to 16) is NaN or
-    infinite.
-``<name>``           ``[1]`` int8: the maximum of every ``_lanes`` stage.
+``<name>_lanes<i>``  ``[P, L]`` int32: the largest exponent field (the float32 bits masked
+    by :data:`EXPONENT`) of input ``i`` viewed as ``[P, M, L]`` (``P`` its first axis, ``L`` a
+    divisor of its last axis up to 16); :data:`EXPONENT` itself where some element is NaN or
+    infinite, the one kind of float whose exponent bits are all ones.
+``<name>``           ``[1]`` int8: 1 where some ``_lanes`` stage holds :data:`EXPONENT`.
+
+The partials are integer maxima of masked bits, not tests of ``isfinite``: TVM's vectoriser
+leaves a select on ``isfinite`` scalar, and LLVM then vectorised the scan across rows with a
+gather per 16 floats (15 GB/s on 2 Zen 5 cores against 108 GB/s for the masked maximum: about
+a tenth of a 1-D dw's time was this scan).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 from dsl.ops import tag
 
 MAX_LANES = 16
+EXPONENT = 0x7F800000  # the exponent field of a float32
 
 
 def nonfinite_flag(op: str, name: str, tensors) -> object:
@@ -35,7 +42,8 @@ def nonfinite_flag(op: str, name: str, tensors) -> object:
 
     def fold(part, prev, rp, rl):
         def body(_):
-            v = part[rp, rl]
+            v = te.if_then_else(part[rp, rl] == EXPONENT, tvm.tirx.const(1, "int8"),
+                                tvm.tirx.const(0, "int8"))
             return te.max(v if prev is None else tvm.tirx.max(v, prev[0]), axis=[rp, rl])
         return body
 
@@ -51,7 +59,7 @@ def nonfinite_flag(op: str, name: str, tensors) -> object:
 
 
 def _partial(op: str, name: str, t):
-    """``[P, L]`` int8 partial flags of ``t`` (module docstring)."""
+    """``[P, L]`` int32 partial exponent maxima of ``t`` (module docstring)."""
     import tvm
     from tvm import te
 
@@ -65,10 +73,8 @@ def _partial(op: str, name: str, t):
 
     def body(pp, ln):
         idx = [*([pp] if len(shape) > 1 else []), *red, rj * lanes + ln]
-        v = t[tuple(idx)].astype("float32")
-        bad = te.if_then_else(tvm.tirx.isfinite(v), tvm.tirx.const(0, "int8"),
-                              tvm.tirx.const(1, "int8"))
-        return te.max(bad, axis=[*red, rj])
+        bits = tvm.tirx.reinterpret("int32", t[tuple(idx)].astype("float32"))
+        return te.max(bits & EXPONENT, axis=[*red, rj])
 
     return te.compute((lead, lanes), body, name=name, tag=tag.stage(op, "nonfinite"))
 
