@@ -93,9 +93,10 @@ K_CHUNK = 256  # reduction steps per chunk: one V panel (K_CHUNK x vf) stays in 
 @dataclass(frozen=True)
 class Tile:
     """Register tile ``rf x vf`` and cache blocks of one reduction (see the module docstring):
-    ``mb`` row tiles x ``nb`` vector tiles share one chunk of ``kc`` reduction steps;
-    ``tail``: the rows of the last register tile when ``rf`` does not divide the row axis
-    (0 when it does)."""
+    ``mb`` row tiles x ``nb`` vector tiles share one chunk of ``kc`` steps of the innermost
+    reduction axis times ``kc2`` of the next one (``kc2 > 1`` only when ``kc`` is that whole
+    innermost axis); ``tail``: the rows of the last register tile when ``rf`` does not divide
+    the row axis (0 when it does)."""
 
     vf: int
     rf: int
@@ -103,10 +104,11 @@ class Tile:
     nb: int
     kc: int
     tail: int = 0
+    kc2: int = 1
 
     def describe(self) -> str:
         return (f"{self.rf} x {self.vf} register tile, {self.mb} x {self.nb} tiles per "
-                f"{self.kc}-step reduction chunk"
+                f"{self.kc * self.kc2}-step reduction chunk"
                 + (f", the last tile of {self.tail} rows in a loop nest of its own"
                    if self.tail else ""))
 
@@ -125,10 +127,10 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
     budget = max(1, accumulator_registers(target) // -(-vf // lanes))
     rf = row_tile(ext[row], budget) if ragged else largest_divisor(ext[row], budget)
     tiles = ext[row] // rf  # full ones: a ragged last tile is a loop nest of its own
-    kc = largest_divisor(ext[-1], K_CHUNK) if len(ext) > n_sp else 1
+    kc, kc2 = chunk_steps(ext[n_sp:])
     l2 = target.l2_kib << 10
     # the S block (kc x mb*rf) and the accumulators (mb*rf x nb*vf) each take <= 1/8 of L2
-    mb = largest_divisor(tiles, max(1, l2 // 8 // (4 * rf * kc)))
+    mb = largest_divisor(tiles, max(1, l2 // 8 // (4 * rf * kc * kc2)))
     nb = largest_divisor(ext[vec] // vf, max(1, l2 // 8 // (4 * mb * rf * vf)))
     others = math.prod(e for i, e in enumerate(ext[:n_sp]) if i not in (vec, row))
     while mb > 1 or nb > 1:  # smaller blocks until every core has two of them
@@ -139,7 +141,20 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
             mb = largest_divisor(tiles, mb - 1)
         else:
             nb = largest_divisor(ext[vec] // vf, nb - 1)
-    return Tile(vf, rf, mb, nb, kc, ext[row] % rf)
+    return Tile(vf, rf, mb, nb, kc, ext[row] % rf, kc2)
+
+
+def chunk_steps(reduce: list[int]) -> tuple[int, int]:
+    """``(kc, kc2)``: the steps of the innermost reduction axis and of the next one in one
+    chunk of at most :data:`K_CHUNK`. A short innermost axis (a 28-wide row of a 3-D dw)
+    takes rows of the next axis too: the register tile is loaded and stored once per chunk,
+    once per 28 steps otherwise."""
+    if not reduce:
+        return 1, 1
+    kc = largest_divisor(reduce[-1], K_CHUNK)
+    if kc < reduce[-1] or len(reduce) < 2:
+        return kc, 1
+    return kc, largest_divisor(reduce[-2], max(1, K_CHUNK // kc))
 
 
 def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
@@ -155,6 +170,10 @@ def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
     sp, red = list(loops[:n_sp]), list(loops[n_sp:])
     vo, vm, vi = sch.split(sp[vec], [None, t.nb, t.vf])
     chunk = list(sch.split(red[-1], [None, t.kc])) if red else []
+    if t.kc2 > 1:  # the chunk's steps of the next axis, just outside the innermost's
+        outer2, inner2 = sch.split(red[-2], [None, t.kc2])
+        red = [*red[:-2], outer2, red[-1]]
+        chunk = [chunk[0], inner2, chunk[1]]
     others = [lp for i, lp in enumerate(sp) if i not in (vec, row)]
     reduce = [*red[:-1], *chunk[:1]]
     if not t.tail:

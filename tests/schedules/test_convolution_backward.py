@@ -122,3 +122,43 @@ def test_dx_with_a_last_tile_in_float16():
     ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
     assert out.dtype == np.float16
     np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=4e-3 * np.abs(ref).max())
+
+
+# --- reduction chunks that span two axes -----------------------------------------------------
+
+def test_chunk_steps_take_rows_of_the_next_axis_under_a_short_innermost_one():
+    from schedules.convolution_backward import K_CHUNK, chunk_steps
+
+    assert chunk_steps([8, 1024]) == (K_CHUNK, 1)  # a long innermost axis: chunks of it
+    assert chunk_steps([1, 16, 28, 28]) == (28, 7)  # a 3-D dw: 7 rows of 28 (196 <= 256)
+    assert chunk_steps([3, 3, 3, 64]) == (64, 3)  # a 3-D dx: 3 taps of 64 channels
+    assert chunk_steps([13, 37]) == (37, 1)  # no divisor of 13 fits 256 // 37 = 6 but 1
+    assert chunk_steps([28]) == (28, 1) and chunk_steps([]) == (1, 1)
+
+
+# 3-D layers whose innermost reduction axis is short: dw's chunk spans output rows (strided,
+# dilated, padding per axis, prime sizes, batch 2), dx's spans taps
+SPANNING = [
+    (G(3, 2, 24, 20, (3, 7, 5), 3, 1, 1), (False, True, False), "cb_dw_acc", 35),
+    (G(3, 2, 18, 20, (4, 9, 11), 3, 2, (1, 0, 2), (1, 2, 1)), (False, True, False),
+     "cb_dw_acc", 21),
+    (G(3, 2, 16, 20, (3, 5, 7), 3, 1, 1), (True, False, False), "cb_dx_acc", 60),
+]
+
+
+@pytest.mark.parametrize("c, mask, stage, steps", SPANNING, ids=lambda v: gid(v)
+                         if isinstance(v, dict) else str(v))
+def test_a_chunk_spanning_two_axes_matches_the_reference(c, mask, stage, steps):
+    go = te.placeholder(c["dy"], name="grad_output")
+    x = te.placeholder(c["x"], name="input")
+    w = te.placeholder(c["w"], name="weight")
+    outs = convolution_backward(go, x, w, None, list(c["stride"]), padding_arg(c),
+                                list(c["dil"]), False, [0, 0, 0], 1, list(mask))
+    sch = dsl.auto_schedule([t for t in outs if t is not None][0],
+                            target=targets.get("x86-avx512"))
+    why = {s: why for s, _, why in dsl.explain(sch).stages}[stage]
+    assert f"{steps}-step reduction chunk" in why, why
+    dy, xv, wv = data(c, seed=5)
+    got = call(c, dy, xv, wv, mask=mask)[mask.index(True)]
+    ref = reference(c, dy, xv, wv)[mask.index(True)]
+    assert np.abs(got - ref).max() <= 2e-5 * max(1.0, np.abs(ref).max())
