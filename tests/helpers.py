@@ -11,7 +11,7 @@ from dsl.ops.layout import nc1hwc0_to_nchw, nchw_to_5hd, weight_to_fracz
 # Max |out - ref| / max(1, max|ref|) allowed per output dtype. Inputs are drawn exactly
 # representable in the input dtype, so the error is the fp32 accumulation (~1e-6 relative)
 # plus the final rounding to the output dtype.
-TOL = {"float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+TOL = {"float64": 1e-12, "float32": 2e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 
 try:
     import torch  # noqa: F401

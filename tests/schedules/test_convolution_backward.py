@@ -8,7 +8,7 @@ from tvm import te
 import dsl
 import dsl.api.aclnn
 import targets
-from dsl.ops.convolution_backward import convolution_backward
+from dsl.ops.convolution_backward import DW_Y_IN_PLACE_FROM, convolution_backward
 
 from aclnn_helpers import call, data, gid, padding_arg, reference
 from aclnn_helpers import geometry as G
@@ -20,33 +20,39 @@ from reference import convolution_backward as ref_cb
 N, CIN, COUT, L, K = 2, 24, 20, 13, 3
 
 
-def _dw_schedule(target):
+def _dw_schedule(target, cin=CIN):
     go = te.placeholder((N, COUT, L), name="grad_output")
-    x = te.placeholder((N, CIN, L), name="input")
-    w = te.placeholder((COUT, CIN, K), name="weight")
+    x = te.placeholder((N, cin, L), name="input")
+    w = te.placeholder((COUT, cin, K), name="weight")
     outs = convolution_backward(go, x, w, None, [1], [1], [1], False, [0], 1,
                                 [False, True, False])
     return dsl.auto_schedule([t for t in outs if t is not None][0], target=target)
 
 
+# Cin 24 (from DW_Y_IN_PLACE_FROM up): y read in place, only x packed; Cin 12: both packed
+@pytest.mark.parametrize("cin, panels", [(CIN, "cb_x_pack as panels"),
+                                         (12, "cb_y_pack and cb_x_pack as panels")])
 @pytest.mark.parametrize("name", ["x86-avx2", "x86-avx512"])
-def test_dw_packs_are_panels_beside_the_exact_twin(name):
+def test_dw_packs_are_panels_beside_the_exact_twin(name, cin, panels):
     # The exact twin (run only for a NaN / inf input) reads the packs too. It must not cost
     # dw its GotoBLAS panels: conv1d 8x256x1024 k3 dw went 81 -> 109 GFLOP/s on a Zen 3.
-    sch = _dw_schedule(targets.get(name))
+    sch = _dw_schedule(targets.get(name), cin)
     stages = {s: why for s, _, why in dsl.explain(sch).stages}
     assert "cb_dw_acc_exact" in stages
-    assert "cb_y_pack and cb_x_pack as panels" in stages["cb_dw_acc"]
+    assert panels in stages["cb_dw_acc"], stages["cb_dw_acc"]
+    assert ("cb_y_pack" in stages) == (cin < DW_Y_IN_PLACE_FROM)
 
 
+@pytest.mark.parametrize("where", ["x", "dy"])
 @pytest.mark.parametrize("bad", [None, np.inf, np.nan], ids=["finite", "inf", "nan"])
-def test_dw_through_panels_matches_the_reference(bad):
+@pytest.mark.parametrize("cin", [CIN, 12], ids=["y_in_place", "y_pack"])
+def test_dw_through_panels_matches_the_reference(cin, bad, where):
     rng = np.random.default_rng(3)
     dy = rng.uniform(-1, 1, (N, COUT, L)).astype(np.float32)
-    x = rng.uniform(-1, 1, (N, CIN, L)).astype(np.float32)
-    w = rng.uniform(-1, 1, (COUT, CIN, K)).astype(np.float32)
-    if bad is not None:
-        x[1, 5, 0] = bad  # the exact twin's result, read through the re-laid packs
+    x = rng.uniform(-1, 1, (N, cin, L)).astype(np.float32)
+    w = rng.uniform(-1, 1, (COUT, cin, K)).astype(np.float32)
+    if bad is not None:  # the exact twin's result, read through the re-laid packs (or dy)
+        (x if where == "x" else dy)[1, 5, 0] = bad
     out = dsl.aclnn.convolution_backward(dy, x, w, [COUT], [1], [1], [1], False, [0], 1,
                                          [False, True, False], 0)[1]
     ref = ref_cb(dy, x, w, (1,), ((1, 1),), (1,), False, (0,), 1)[1]

@@ -322,3 +322,33 @@ def test_bad_arrays_refused_before_building(monkeypatch):
     with pytest.raises(dsl.DslError) as e:
         call(c, dy[:, :, :-1], x, w)
     assert e.value.code == "E60024" and "grad_output" in e.value.param
+
+
+# --- grad_weight alone on dense layers whose X fills the lanes: dy read in place ------------
+
+DW = (False, True, False)
+WIDE_DENSE = [
+    G(1, 2, 32, 48, 40, 3, 2, 1),                                 # 1-D stride 2
+    G(2, 2, 17, 19, (7, 9), 3, 1, [(0, 2), (1, 0)], 2),           # prime Cx, asym pad, dil 2
+    G(3, 2, 16, 20, (4, 5, 7), 3, (2, 1, 1), 1, (1, 2, 1)),       # 3-D, mixed stride and dil
+    G(2, 2, 24, 16, (5, 6), 3, 2, 1, transposed=True, opad=1),    # transposed: Y is the input
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("c", WIDE_DENSE, ids=gid)
+def test_dense_grad_weight_alone(c, dtype):
+    """float32 / float64 read Y in place (``Plan.dw_y_in_place``); the narrower dtypes go
+    through y_pack, which converts them; both against the float64 reference."""
+    dy, x, w = data(c, (dtype,) * 3, seed=8)
+    check_all(c, call(c, dy, x, w, mask=DW), reference(c, dy, x, w), (dtype,) * 3, DW)
+
+
+@pytest.mark.parametrize("c", WIDE_DENSE[1:3], ids=gid)
+def test_dense_grad_weight_alone_rounds_in_the_pack(c):
+    """USE_HF32 rounds Y: grad_weight then reads it through y_pack, not in place."""
+    rng = np.random.default_rng(9)
+    dy, x, w = (_full_mantissa(rng, c[k]) for k in ("dy", "x", "w"))
+    out = call(c, dy, x, w, mask=DW, cmt=3)[1]
+    pred = reference(c, *(_rounded(a, "hf32") for a in (dy, x, w)))[1]
+    assert_close(out, pred, "float32", f"{gid(c)} USE_HF32 grad_weight")
