@@ -292,7 +292,7 @@ class Plan:
         no plain grad_input that needs the pack anyway."""
         y_dtype = self.dtypes[1 if self.transposed else 0]
         return (self.output_mask[1] and self.groups == 1 and self.cx >= DW_Y_IN_PLACE_FROM
-                and not (self.need_adjoint and not self.rep_dx) and y_dtype == self.acc_dtype
+                and not self.need_adjoint and y_dtype == self.acc_dtype
                 and operand_rounding(y_dtype, self.cube_math_type) is None)
 
     @property
