@@ -13,7 +13,7 @@ the fast reduction take the twin's values then.
 
 Stages (tags ``<op>.nonfinite`` and ``<op>.exact``)
 ----------------------------------------------------
-``<name>_lanes<i>``  ``[P, L]`` int32: the largest exponent field (the float32 bits masked
+``<name>_lanes<i>``  ``[P, L]`` uint32: the largest exponent field (the float32 bits masked
     by :data:`EXPONENT`) of input ``i`` viewed as ``[P, M, L]`` (``P`` its first axis, ``L`` a
     divisor of its last axis up to 16); :data:`EXPONENT` itself where some element is NaN or
     infinite, the one kind of float whose exponent bits are all ones.
@@ -42,7 +42,8 @@ def nonfinite_flag(op: str, name: str, tensors) -> object:
 
     def fold(part, prev, rp, rl):
         def body(_):
-            v = te.if_then_else(part[rp, rl] == EXPONENT, tvm.tirx.const(1, "int8"),
+            v = te.if_then_else(part[rp, rl] == tvm.tirx.const(EXPONENT, "uint32"),
+                                tvm.tirx.const(1, "int8"),
                                 tvm.tirx.const(0, "int8"))
             return te.max(v if prev is None else tvm.tirx.max(v, prev[0]), axis=[rp, rl])
         return body
@@ -59,7 +60,7 @@ def nonfinite_flag(op: str, name: str, tensors) -> object:
 
 
 def _partial(op: str, name: str, t):
-    """``[P, L]`` int32 partial exponent maxima of ``t`` (module docstring)."""
+    """``[P, L]`` uint32 partial exponent maxima of ``t`` (module docstring)."""
     import tvm
     from tvm import te
 
@@ -73,8 +74,9 @@ def _partial(op: str, name: str, t):
 
     def body(pp, ln):
         idx = [*([pp] if len(shape) > 1 else []), *red, rj * lanes + ln]
-        bits = tvm.tirx.reinterpret("int32", t[tuple(idx)].astype("float32"))
-        return te.max(bits & EXPONENT, axis=[*red, rj])
+        # unsigned: an int64-indexed kernel keeps every int32 for its narrowed indices
+        bits = tvm.tirx.reinterpret("uint32", t[tuple(idx)].astype("float32"))
+        return te.max(bits & tvm.tirx.const(EXPONENT, "uint32"), axis=[*red, rj])
 
     return te.compute((lead, lanes), body, name=name, tag=tag.stage(op, "nonfinite"))
 
