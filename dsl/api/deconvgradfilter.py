@@ -87,22 +87,30 @@ _RUN_LOCK = threading.Lock()
 
 
 # Geometries of params already checked, by their first PARAM_LEN values (plain ints only):
-# a call repeats its param and the checks cost more than a 1 ms kernel can hide.
+# a call repeats its param and the checks cost more than a 1 ms kernel can hide. And the
+# kernel cache's key per (geometry, dtype, cores, target, int64 threshold) (see _kernel).
 _GEOMETRIES: dict[tuple, DeconvGeometry] = {}
+_KEYS: dict[tuple, str] = {}
 MEMO_MAX = 256
+
+
+def _remembered(memo: dict, key, make):
+    """``memo[key]``, made by ``make()`` the first time (the memo emptied at MEMO_MAX)."""
+    value = memo.get(key)
+    if value is None:
+        value = make()
+        if len(memo) >= MEMO_MAX:
+            memo.clear()
+        memo[key] = value
+    return value
 
 
 def parse_param(param) -> DeconvGeometry:
     """Check ``param`` (see the module docstring) and return the geometry."""
     key = _memo_key(param)
-    geo = _GEOMETRIES.get(key) if key is not None else None
-    if geo is None:
-        geo = _check_param(param)
-        if key is not None:
-            if len(_GEOMETRIES) >= MEMO_MAX:
-                _GEOMETRIES.clear()
-            _GEOMETRIES[key] = geo
-    return geo
+    if key is None:
+        return _check_param(param)
+    return _remembered(_GEOMETRIES, key, lambda: _check_param(param))
 
 
 def _memo_key(param) -> tuple | None:
@@ -178,17 +186,10 @@ def _kernel(geo: DeconvGeometry, dtype: str, cores: int):
     from dsl.runtime import kernel_cache, schedule
 
     tgt = targets.current()
-    memo = (geo, dtype, cores, tgt, schedule.INT64_INDEX_FROM)
-    key = _KEYS.get(memo)
-    if key is None:
-        if len(_KEYS) >= MEMO_MAX:
-            _KEYS.clear()
-        key = _KEYS[memo] = kernel_cache.signature_key(_signature(geo, dtype),
-                                                      tgt.with_cores(cores))
+    key = _remembered(_KEYS, (geo, dtype, cores, tgt, schedule.INT64_INDEX_FROM),
+                      lambda: kernel_cache.signature_key(_signature(geo, dtype),
+                                                         tgt.with_cores(cores)))
     return kernel_cache.cached(key) or kernel_for(geo, dtype, cores)
-
-
-_KEYS: dict[tuple, str] = {}
 
 
 @contextlib.contextmanager

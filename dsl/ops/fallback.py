@@ -74,7 +74,8 @@ def _partial(op: str, name: str, t):
 
     def body(pp, ln):
         idx = [*([pp] if len(shape) > 1 else []), *red, rj * lanes + ln]
-        # unsigned: an int64-indexed kernel keeps every int32 for its narrowed indices
+        # uint32, not int32: an int64-indexed kernel holds no int32 at all (its tests tell
+        # a 32-bit index from these bits by that)
         bits = tvm.tirx.reinterpret("uint32", t[tuple(idx)].astype("float32"))
         return te.max(bits & tvm.tirx.const(EXPONENT, "uint32"), axis=[*red, rj])
 

@@ -178,7 +178,6 @@ class GroupLayout:
         """True when no extended group mixes original groups (``groups == 1``)."""
         return self.groups == 1
 
-    # --- forward map: weight element -> FracZ index -----------------------------------------
     def dot_depth(self, dtype: str, cin_lanes: bool) -> int:
         """Reduction elements one lane sums per step of the current target's dot-product
         instruction (:meth:`targets.CpuTarget.dot_depth`: 4 for int8 with AVX-512 VNNI, 2
@@ -192,6 +191,7 @@ class GroupLayout:
             return 1
         return targets.current().dot_depth(dtype)
 
+    # --- forward map: weight element -> FracZ index -----------------------------------------
     def group_of_input_channel(self, c):
         """``(g, ci)`` of dx/x channel ``c``."""
         if self.groups == 1:
