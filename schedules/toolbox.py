@@ -421,14 +421,30 @@ def transpose_tile(sch, block, target) -> bool:
     tv = _tile(extent(sch, loops[-1]))
     if not tu or not tv:
         return False
-    uo, ui = sch.split(loops[u], [None, tu])
-    vo, vi = sch.split(loops[-1], [None, tv])
     outer = [lp for i, lp in enumerate(loops[:-1]) if i != u]
-    sch.reorder(*outer, uo, vo, ui, vi)
+    sch.reorder(*outer, loops[u], loops[-1])
+    parallel(sch, [*outer, *transpose_blocks(sch, loops[u], loops[-1], tu, tv)], target.cores)
+    return True
+
+
+def transpose_blocks(sch, read_loop, write_loop, tu: int, tv: int) -> list:
+    """Split two adjacent loops of a transposing copy (``read_loop`` outer, along the read's
+    contiguous axis; ``write_loop`` inner, along the write's) into ``tu x tv`` blocks, the
+    read's part unrolled and the write's vectorised (:func:`transpose_tile`). Returns the
+    two block loops, outermost first."""
+    uo, ui = sch.split(read_loop, [None, tu])
+    vo, vi = sch.split(write_loop, [None, tv])
+    sch.reorder(uo, vo, ui, vi)
     sch.unroll(ui)
     sch.vectorize(vi)
-    parallel(sch, [*outer, uo, vo], target.cores)
-    return True
+    return [uo, vo]
+
+
+def transpose_tiles(n_read: int, n_write: int) -> tuple[int, int]:
+    """The block of :func:`transpose_blocks` for loops of ``n_read`` and ``n_write``: a power
+    of two up to :data:`TRANSPOSE_TILE` dividing each (1 along the read, the whole loop along
+    the write, where none of at least 4 does)."""
+    return _tile(n_read) or 1, _tile(n_write) or n_write
 
 
 def elementwise_c0(sch, block, target, outer: int = 3) -> None:

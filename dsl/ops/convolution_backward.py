@@ -83,7 +83,8 @@ Stages (schedules find them by tag ``convolution_backward.<stage>``)
 ``x_pack``  X (input, or grad_output when transposed) channels-last ``[N, *x_padded, Cx]``.
 ``y_rep``   Y expanded for the plain grad_input ``[N, *rows, Cy_g, Cx]`` (see below).
 ``x_rep``   X expanded for lanes over Cy ``[N, *x_padded, Cx_g, Cy]`` (see below).
-``w_adj``   weight for the plain grad_input ``[*k_padded, Cout_g, Cin]`` (zero extra taps).
+``w_adj``   weight for the plain grad_input ``[*k_padded, Cout_g, Cin]`` (zero extra taps), its
+            taps in reverse order (the order dx visits them).
 ``w_fwd``   weight for the transposed grad_input ``[*k, Cin_g', Cy]``.
 ``dx_acc`` / ``fwd_acc``  fp32 ``[N, *spatial, C]`` (channels innermost: the vector axis).
 ``dw_acc``  fp32 ``[*k, Cy, Cx_g]``.  ``db_acc``  fp32 ``[C]``.
@@ -872,7 +873,10 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs, fb):
     w_dtype, cmt = str(weight.dtype), p.cube_math_type
 
     def wa_body(*idx):
-        *k, co, c = idx
+        # taps stored last first, in the order dx visits them (dx_body): a dx whose dy row
+        # grows by one per tap then reads both operands contiguously across (tap, channel)
+        *kr, co, c = idx
+        k = [a.padded_kernel - 1 - kk for kk, a in zip(kr, axes)]
         conds = [(kk < a.kernel) if a.padded_kernel != a.kernel else None
                  for kk, a in zip(k, axes)]
         ok = _all(conds)
@@ -903,7 +907,8 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs, fb):
                 y = yp[(b, *rows, rco, c)]
             else:
                 y = yp[(b, *rows, rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco)]
-            prod = y * wa[(*ks, rco, c)]
+            kr = [a.padded_kernel - 1 - k for k, a in zip(ks, axes)]  # w_adj's taps, reversed
+            prod = y * wa[(*kr, rco, c)]
             return te.sum(_guard(_all(conds), prod, p.acc_dtype), axis=[*jr, rco])
         return dx_body
 

@@ -168,3 +168,52 @@ def test_a_chunk_spanning_two_axes_matches_the_reference(c, mask, stage, steps):
     got = call(c, dy, xv, wv, mask=mask)[mask.index(True)]
     ref = reference(c, dy, xv, wv)[mask.index(True)]
     assert np.abs(got - ref).max() <= 2e-5 * max(1.0, np.abs(ref).max())
+
+
+# --- dx: (tap, channel) chunks in one loop; grad_input transposed in cache ----------------
+
+# (call, the chunk's taps and channels in one loop, grad_input written by each dx task)
+FLAT = [
+    (G(3, 2, 32, 20, (3, 5, 7), 3, 1, 1), True, True),  # stride = dilation = 1
+    (G(3, 1, 16, 24, (5, 6, 9), 3, 2, 1, 2), True, False),  # stride = dilation = 2
+    (G(3, 2, 16, 12, (4, 5, 7), 3, 1, (1, 0, 2), (1, 1, 2)), False, True),
+    (G(3, 2, 16, 12, (4, 5, 7), 3, 1, 1, groups=2), False, True),
+]
+
+
+def _dx_notes(c, target):
+    return {s: why for s, _, why in dsl.explain(_ragged_schedule(c, target)).stages}
+
+
+@pytest.mark.parametrize("c, flat, in_cache", FLAT, ids=lambda v: gid(v)
+                         if isinstance(v, dict) else str(v))
+def test_dx_chunks_in_one_loop_where_both_operands_are_contiguous(c, flat, in_cache):
+    # w_adj holds the taps last first, so where a tap moves the dy row by one (stride ==
+    # dilation, ungrouped) the chunk is one run of taps x channels in both operands
+    notes = _dx_notes(c, targets.get("x86-avx512"))
+    assert ("in one loop" in notes["cb_dx_acc"]) == flat, notes["cb_dx_acc"]
+    assert ("transposed in cache" in notes["grad_input"]) == in_cache, notes["grad_input"]
+
+
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf], ids=["finite", "nan", "inf"])
+@pytest.mark.parametrize("c", [f[0] for f in FLAT], ids=gid)
+def test_flat_chunks_and_the_in_cache_output_match_the_reference(c, bad):
+    dy, x, w = data(c, seed=13)
+    if bad is not None:  # the exact twin's values reach grad_input through the in-cache copy
+        w[(1, 0, *(k - 1 for k in c["w"][2:]))] = bad
+    with targets.use("x86-avx512"):
+        out = call(c, dy, x, w, mask=DX)[0]
+    ref = reference(c, dy, x, w)[0]
+    got, finite = assert_nonfinite_positions(out, ref, "grad_input")
+    err = np.abs(got[finite] - ref[finite]).max()
+    assert err <= 2e-5 * max(1.0, np.abs(ref[finite]).max()), err
+
+
+def test_in_cache_output_casts_to_float16():
+    c = FLAT[0][0]
+    dy, x, w = data(c, ("float16",) * 3, seed=13)
+    with targets.use("x86-avx512"):
+        out = call(c, dy, x, w, mask=DX)[0]
+    ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=4e-3 * np.abs(ref).max())
