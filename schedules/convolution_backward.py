@@ -95,6 +95,10 @@ def reduction_rows(sch, block, target) -> str:
 
 
 K_CHUNK = 256  # reduction steps per chunk: one V panel (K_CHUNK x vf) stays in L1
+# the least share of the cores' time the tasks of a parallel loop may keep busy: 27 taps of a
+# 3-D dw on 2 cores, 14 + 13, idle one core 1/28 of the time; on 16 cores, 2 rounds of 16
+# for 27 tasks, 5/32 (the blocks then shrink until the tasks share out better)
+BALANCE_MIN = 0.97
 
 
 @dataclass(frozen=True)
@@ -143,15 +147,28 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
     mb = largest_divisor(tiles, max(1, l2 // 8 // (4 * rf * kc * kc2)))
     nb = largest_divisor(ext[vec] // vf, max(1, l2 // 8 // (4 * mb * rf * vf)))
     others = math.prod(e for i, e in enumerate(ext[:n_sp]) if i not in (vec, row))
-    while mb > 1 or nb > 1:  # smaller blocks until every core has two of them
+    # smaller blocks until every core has two tasks, in shares equal enough; else the blocks
+    # whose tasks share out best
+    best = None
+    while True:
         tasks = tiles // mb * (ext[vec] // (vf * nb))
-        if (tasks * others if fuse_ok else max(tasks, others)) >= 2 * target.cores:
+        tasks = tasks * others if fuse_ok else max(tasks, others)
+        share = balance(tasks, target.cores) * min(1.0, tasks / (2 * target.cores))
+        if best is None or share > best[0] + 1e-9:  # ties: the larger blocks
+            best = (share, mb, nb)
+        if share >= BALANCE_MIN or (mb == 1 and nb == 1):
             break
         if mb > 1:
             mb = largest_divisor(tiles, mb - 1)
         else:
             nb = largest_divisor(ext[vec] // vf, nb - 1)
+    _, mb, nb = best
     return Tile(vf, rf, mb, nb, kc, ext[row] % rf, kc2, flat)
+
+
+def balance(tasks: int, cores: int) -> float:
+    """The share of ``cores`` x the longest core's time that ``tasks`` equal tasks fill."""
+    return tasks / (cores * -(-tasks // cores))
 
 
 def chunk_steps(reduce: list[int]) -> tuple[int, int]:
