@@ -242,3 +242,18 @@ def test_dw_blocks_shrink_until_the_tasks_share_out_evenly(cores, blocks):
     sch = dsl.auto_schedule(dw, target=targets.get("x86-avx512").with_cores(cores))
     why = {s: why for s, _, why in dsl.explain(sch).stages}["cb_dw_acc"]
     assert f"8 x 32 register tile, {blocks} tiles per" in why, why
+
+
+@pytest.mark.parametrize("bad", [None, np.nan], ids=["finite", "nan"])
+def test_flat_chunk_beside_a_ragged_last_tile_matches_the_reference(bad):
+    c = G(2, 2, 32, 20, (5, 29), 3, 1, 1)  # 29 rows: tiles of 12 and a last one of 5
+    why = _dx_notes(c, targets.get("x86-avx512"))["cb_dx_acc"]
+    assert "in one loop, the last tile of 5 rows" in why, why
+    dy, x, w = data(c, seed=17)
+    if bad is not None:
+        w[1, 0, 2, 2] = bad
+    with targets.use("x86-avx512"):
+        out = call(c, dy, x, w, mask=DX)[0]
+    ref = reference(c, dy, x, w)[0]
+    got, finite = assert_nonfinite_positions(out, ref, "grad_input")
+    assert np.abs(got[finite] - ref[finite]).max() <= 2e-5 * max(1.0, np.abs(ref[finite]).max())
