@@ -29,6 +29,29 @@ def _dw_schedule(target, cin=CIN):
     return dsl.auto_schedule([t for t in outs if t is not None][0], target=target)
 
 
+def _dx_matches(c, target: str, seed: int, bad=None, where=None) -> None:
+    """dx of call ``c`` on ``target`` against the float64 reference, ``bad`` (NaN or inf) put
+    into the weight at ``where`` first (dx then takes its exact twin's values there)."""
+    dy, x, w = data(c, seed=seed)
+    if bad is not None:
+        w[where] = bad
+    with targets.use(target):
+        out = call(c, dy, x, w, mask=DX)[0]
+    ref = reference(c, dy, x, w)[0]
+    got, finite = assert_nonfinite_positions(out, ref, "grad_input")
+    err = np.abs(got[finite] - ref[finite]).max()
+    assert err <= 2e-5 * max(1.0, np.abs(ref[finite]).max()), err
+
+
+def _dx_float16_matches(c, target: str, seed: int) -> None:
+    dy, x, w = data(c, ("float16",) * 3, seed=seed)
+    with targets.use(target):
+        out = call(c, dy, x, w, mask=DX)[0]
+    ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=4e-3 * np.abs(ref).max())
+
+
 # Cin 24 (from DW_Y_IN_PLACE_FROM up): y read in place, only x packed; Cin 12: both packed
 @pytest.mark.parametrize("cin, panels", [(CIN, "cb_x_pack as panels"),
                                          (12, "cb_y_pack and cb_x_pack as panels")])
@@ -109,25 +132,11 @@ def test_row_tile_is_exact_where_a_divisor_fills_the_registers():
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf], ids=["finite", "nan", "inf"])
 @pytest.mark.parametrize("c", RAGGED, ids=gid)
 def test_dx_with_a_last_tile_matches_the_reference(c, bad):
-    dy, x, w = data(c, seed=11)
-    if bad is not None:
-        w[(0, 0, *(k - 1 for k in c["w"][2:]))] = bad  # dx then takes its exact twin's values
-    with targets.use("x86-avx2"):
-        out = call(c, dy, x, w, mask=DX)[0]
-    ref = reference(c, dy, x, w)[0]
-    got, finite = assert_nonfinite_positions(out, ref, "grad_input")
-    err = np.abs(got[finite] - ref[finite]).max()
-    assert err <= 2e-5 * max(1.0, np.abs(ref[finite]).max()), err
+    _dx_matches(c, "x86-avx2", 11, bad, (0, 0, *(k - 1 for k in c["w"][2:])))
 
 
 def test_dx_with_a_last_tile_in_float16():
-    c = RAGGED[1]
-    dy, x, w = data(c, ("float16",) * 3, seed=11)
-    with targets.use("x86-avx2"):
-        out = call(c, dy, x, w, mask=DX)[0]
-    ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
-    assert out.dtype == np.float16
-    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=4e-3 * np.abs(ref).max())
+    _dx_float16_matches(RAGGED[1], "x86-avx2", 11)
 
 
 # --- reduction chunks that span two axes -----------------------------------------------------
@@ -198,25 +207,12 @@ def test_dx_chunks_in_one_loop_where_both_operands_are_contiguous(c, flat, in_ca
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf], ids=["finite", "nan", "inf"])
 @pytest.mark.parametrize("c", [f[0] for f in FLAT], ids=gid)
 def test_flat_chunks_and_the_in_cache_output_match_the_reference(c, bad):
-    dy, x, w = data(c, seed=13)
-    if bad is not None:  # the exact twin's values reach grad_input through the in-cache copy
-        w[(1, 0, *(k - 1 for k in c["w"][2:]))] = bad
-    with targets.use("x86-avx512"):
-        out = call(c, dy, x, w, mask=DX)[0]
-    ref = reference(c, dy, x, w)[0]
-    got, finite = assert_nonfinite_positions(out, ref, "grad_input")
-    err = np.abs(got[finite] - ref[finite]).max()
-    assert err <= 2e-5 * max(1.0, np.abs(ref[finite]).max()), err
+    # the exact twin's values reach grad_input through the in-cache copy
+    _dx_matches(c, "x86-avx512", 13, bad, (1, 0, *(k - 1 for k in c["w"][2:])))
 
 
 def test_in_cache_output_casts_to_float16():
-    c = FLAT[0][0]
-    dy, x, w = data(c, ("float16",) * 3, seed=13)
-    with targets.use("x86-avx512"):
-        out = call(c, dy, x, w, mask=DX)[0]
-    ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
-    assert out.dtype == np.float16
-    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=4e-3 * np.abs(ref).max())
+    _dx_float16_matches(FLAT[0][0], "x86-avx512", 13)
 
 
 # --- the parallel split: tasks shared out evenly ---------------------------------------------
@@ -249,11 +245,4 @@ def test_flat_chunk_beside_a_ragged_last_tile_matches_the_reference(bad):
     c = G(2, 2, 32, 20, (5, 29), 3, 1, 1)  # 29 rows: tiles of 12 and a last one of 5
     why = _dx_notes(c, targets.get("x86-avx512"))["cb_dx_acc"]
     assert "in one loop, the last tile of 5 rows" in why, why
-    dy, x, w = data(c, seed=17)
-    if bad is not None:
-        w[1, 0, 2, 2] = bad
-    with targets.use("x86-avx512"):
-        out = call(c, dy, x, w, mask=DX)[0]
-    ref = reference(c, dy, x, w)[0]
-    got, finite = assert_nonfinite_positions(out, ref, "grad_input")
-    assert np.abs(got[finite] - ref[finite]).max() <= 2e-5 * max(1.0, np.abs(ref[finite]).max())
+    _dx_matches(c, "x86-avx512", 17, bad, (1, 0, 2, 2))
