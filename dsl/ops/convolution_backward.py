@@ -865,6 +865,12 @@ def _real_y(p: Plan, taps):
 
 # --- grad_input ----------------------------------------------------------------------------
 
+def _reversed_taps(ks, axes) -> list:
+    """Kernel taps ``ks`` <-> their positions in ``w_adj``, which holds each axis's padded
+    taps last first (the map is its own inverse)."""
+    return [a.padded_kernel - 1 - k for k, a in zip(ks, axes)]
+
+
 def _grad_input_adjoint(p: Plan, yp, weight, attrs, fb):
     """``w_adj`` and ``dx_acc``: the plain grad_input, a stride-phase gather of dx taps."""
     from tvm import te
@@ -876,7 +882,7 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs, fb):
         # taps stored last first, in the order dx visits them (dx_body): a dx whose dy row
         # grows by one per tap then reads both operands contiguously across (tap, channel)
         *kr, co, c = idx
-        k = [a.padded_kernel - 1 - kk for kk, a in zip(kr, axes)]
+        k = _reversed_taps(kr, axes)
         conds = [(kk < a.kernel) if a.padded_kernel != a.kernel else None
                  for kk, a in zip(k, axes)]
         ok = _all(conds)
@@ -907,8 +913,7 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs, fb):
                 y = yp[(b, *rows, rco, c)]
             else:
                 y = yp[(b, *rows, rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco)]
-            kr = [a.padded_kernel - 1 - k for k, a in zip(ks, axes)]  # w_adj's taps, reversed
-            prod = y * wa[(*kr, rco, c)]
+            prod = y * wa[(*_reversed_taps(ks, axes), rco, c)]
             return te.sum(_guard(_all(conds), prod, p.acc_dtype), axis=[*jr, rco])
         return dx_body
 
