@@ -150,16 +150,18 @@ class CpuTarget:
         return tvm.target.Target({**self.llvm, "num-cores": self.cores})
 
     def as_json(self) -> dict:
-        """The identity of the built code (cache keys, kernel_meta): what changes codegen."""
+        """The identity of the built code (cache keys, kernel_meta): every fact a schedule
+        reads (two hosts of one LLVM name with other cache sizes get other tiles)."""
         return {"name": self.name, "family": self.family, "llvm": dict(self.llvm),
-                "vector_bits": self.vector_bits, "cores": self.cores}
+                "vector_bits": self.vector_bits, "cores": self.cores,
+                "l1d_kib": self.l1d_kib, "l2_kib": self.l2_kib, "l3_kib": self.l3_kib,
+                "vector_regs": self.vector_regs, "fma_units": self.fma_units,
+                "fma_bits": self.fma_bits, "fma_latency": self.fma_latency,
+                "isa": sorted(self.isa)}
 
     def facts(self) -> dict:
         """Every fact, as plain JSON (for reports and ``python -m dsl peak``)."""
-        return {**self.as_json(), "uarch": self.uarch, "l1d_kib": self.l1d_kib,
-                "l2_kib": self.l2_kib, "l3_kib": self.l3_kib, "vector_regs": self.vector_regs,
-                "fma_units": self.fma_units, "fma_bits": self.fma_bits,
-                "fma_latency": self.fma_latency, "isa": sorted(self.isa),
+        return {**self.as_json(), "uarch": self.uarch,
                 "flops_per_cycle": {d: self.flops_per_cycle(d)
                                     for d in ("float32", "bfloat16", "int8")}}
 
