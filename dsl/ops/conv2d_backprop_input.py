@@ -37,7 +37,10 @@ multiplication by zero taps), so strided dx does exactly the forward's multiply-
 ``conv2d_backprop_input.dy_cast``  (grouped with Cin_g*Cout_g > 1, float16 inputs) dy in fp32
     first: the regather moves single lanes, and 16-bit lanes have no vector gather.
 ``conv2d_backprop_input.weight``  weight repacked ``[C1x, KH, KW, CO, 16]`` (Cin lanes last;
-    CO = padded Cout for groups == 1, else Cout_g), zero for pad channels, fp32.
+    CO = padded Cout for groups == 1, else Cout_g), zero for pad channels, fp32, each axis's
+    taps stored last first (index ``k`` holds tap ``KH - 1 - k``): the reduction visits a
+    phase's taps last first, so its dy row and its weight index both grow with the step
+    (:func:`stored_tap`).
 ``conv2d_backprop_input.acc``     one fp32 reduction per phase with taps, ``[N, C1x, Hq, Wq, 16]``,
     named ``dx_acc`` (stride 1) or ``dx_acc_<ph>_<pw>``; phases no tap reaches have none.
     For a dense layer whose Cin pads worse to 16 than its Cout (an RGB stem) the vector runs
@@ -442,14 +445,16 @@ def _dy_regather(p: Plan, out_backprop):
 
 def weight_stage(p: Plan, filters):
     """``weight``: the FracZ weight repacked for the reduction, in ``p.acc_dtype``:
-    ``[Cin, KH, KW, Cout]`` (positions) or ``[C1x, KH, KW, CO, 16]`` with zero pad channels;
+    ``[Cin, KH, KW, Cout]`` (positions) or ``[C1x, KH, KW, CO, 16]`` with zero pad channels,
+    the taps of each axis stored last first (:func:`stored_tap`);
     with ``p.dot > 1`` ``[C1x, KH, KW, CO/dot, 16, dot]`` in the input dtype: one 512-bit
     load holds the 16 lanes x ``dot`` products the instruction sums."""
     from tvm import te
 
     lay, acc = p.lay, p.acc_dtype
     if p.positions:
-        def weight_p_body(ci, k_h, k_w, co):
+        def weight_p_body(ci, s_h, s_w, co):
+            k_h, k_w = lay.kh - 1 - s_h, lay.kw - 1 - s_w
             if p.qlay is not None:
                 return filters[p.qlay.fracz_index(co, ci, k_h, k_w)].astype(acc)
             row, lane = lay.fracz_row_lane(0, ci, k_h, k_w)
@@ -458,11 +463,12 @@ def weight_stage(p: Plan, filters):
         return te.compute((p.cin, lay.kh, lay.kw, p.cout), weight_p_body, name="dx_weight",
                           tag=tag.stage(TAG, "weight"))
 
-    def weight_body(cx1, k_h, k_w, co, cx0):
-        return _weight_value(p, filters, cx1, k_h, k_w, co, cx0, acc)
+    def weight_body(cx1, s_h, s_w, co, cx0):
+        return _weight_value(p, filters, cx1, lay.kh - 1 - s_h, lay.kw - 1 - s_w, co, cx0, acc)
 
-    def weight_dot_body(cx1, k_h, k_w, co_o, cx0, co_i):
-        return _weight_value(p, filters, cx1, k_h, k_w, co_o * p.dot + co_i, cx0, p.dtype)
+    def weight_dot_body(cx1, s_h, s_w, co_o, cx0, co_i):
+        return _weight_value(p, filters, cx1, lay.kh - 1 - s_h, lay.kw - 1 - s_w,
+                             co_o * p.dot + co_i, cx0, p.dtype)
 
     if p.dot > 1:  # the instruction's layout
         return te.compute((p.c1x, lay.kh, lay.kw, p.co_ext // p.dot, C0, p.dot),
@@ -514,9 +520,15 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
     jw = te.reduce_axis((0, nt_w), name="jw")
 
     def tap(qh, qw):
-        """(dy row, dy column, kh, kw) that step (jh, jw) of position (qh, qw) reads."""
-        return (qh + (c_h + p.pad_h) - jh * dr_h, qw + (c_w + p.pad_w) - jw * dr_w,
-                k0_h + jh * st_h, k0_w + jw * st_w)
+        """(dy row, dy column, weight-stage kh, kw) that step (jh, jw) of position (qh, qw)
+        reads: step ``j`` is tap number ``nt - 1 - j`` of the phase (last first), so both
+        indices grow with the step; with the first tap first the dy row fell as the step
+        grew, and LLVM recomputed every broadcast's address in 32-bit wrap-around arithmetic
+        (shifts and extracts beside each FMA) once the rows came from a fused task loop."""
+        return (qh + (c_h + p.pad_h - (nt_h - 1) * dr_h) + jh * dr_h,
+                qw + (c_w + p.pad_w - (nt_w - 1) * dr_w) + jw * dr_w,
+                stored_tap(p.lay.kh, k0_h, nt_h, st_h, jh),
+                stored_tap(p.lay.kw, k0_w, nt_w, st_w, jw))
 
     suffix = "" if len(p.phases_h) * len(p.phases_w) == 1 else f"_{ph}_{pw}"
     kind = _Acc("dx_acc", tag.stage(TAG, "acc"), lambda row_h, row_w, v: v, {})
@@ -534,6 +546,13 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
     if p.positions:
         return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix, kind)
     return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix, kind)
+
+
+def stored_tap(k: int, k0: int, n: int, step: int, j):
+    """The weight stage's index along an axis of ``k`` taps for step ``j`` of a run of ``n``
+    taps ``k0, k0 + step, ...`` visited last first: tap ``k0 + (n - 1 - j) * step``, stored
+    at ``k - 1 - tap`` (:func:`weight_stage`), so the index grows with ``j``."""
+    return (k - 1 - k0 - (n - 1) * step) + j * step
 
 
 @dataclass(frozen=True)
@@ -607,7 +626,8 @@ def wsum_stage(p: Plan, wt, taps=None, suffix: str = ""):
     (k0_h, n_h, st_h), (k0_w, n_w, st_w) = taps or ((0, p.lay.kh, 1), (0, p.lay.kw, 1))
     rkh = te.reduce_axis((0, n_h), name="wkh")
     rkw = te.reduce_axis((0, n_w), name="wkw")
-    k_h, k_w = k0_h + rkh * st_h, k0_w + rkw * st_w
+    k_h = stored_tap(p.lay.kh, k0_h, n_h, st_h, rkh)
+    k_w = stored_tap(p.lay.kw, k0_w, n_w, st_w, rkw)
     name, stage = f"dx_wsum{suffix}", tag.DX_WSUM
     if p.positions:
         rco = te.reduce_axis((0, p.cout), name="wco")
