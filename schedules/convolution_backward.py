@@ -54,6 +54,7 @@ from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
+    BALANCE_MIN,
     accumulator_registers,
     elementwise,
     extent,
@@ -65,6 +66,7 @@ from schedules.toolbox import (
     row_tile,
     spatial_count,
     split_last_tile,
+    task_share,
     transpose_blocks,
     transpose_tile,
     transpose_tiles,
@@ -95,10 +97,6 @@ def reduction_rows(sch, block, target) -> str:
 
 
 K_CHUNK = 256  # reduction steps per chunk: one V panel (K_CHUNK x vf) stays in L1
-# the least share of the cores' time the tasks of a parallel loop may keep busy: 27 taps of a
-# 3-D dw on 2 cores, 14 + 13, idle one core 1/28 of the time; on 16 cores, 2 rounds of 16
-# for 27 tasks, 5/32 (the blocks then shrink until the tasks share out better)
-BALANCE_MIN = 0.97
 
 
 @dataclass(frozen=True)
@@ -153,7 +151,7 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
     while True:
         tasks = tiles // mb * (ext[vec] // (vf * nb))
         tasks = tasks * others if fuse_ok else max(tasks, others)
-        share = balance(tasks, target.cores) * min(1.0, tasks / (2 * target.cores))
+        share = task_share(tasks, target.cores)
         if best is None or share > best[0] + 1e-9:  # ties: the larger blocks
             best = (share, mb, nb)
         if share >= BALANCE_MIN or (mb == 1 and nb == 1):
@@ -164,11 +162,6 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
             nb = largest_divisor(ext[vec] // vf, nb - 1)
     _, mb, nb = best
     return Tile(vf, rf, mb, nb, kc, ext[row] % rf, kc2, flat)
-
-
-def balance(tasks: int, cores: int) -> float:
-    """The share of ``cores`` x the longest core's time that ``tasks`` equal tasks fill."""
-    return tasks / (cores * -(-tasks // cores))
 
 
 def chunk_steps(reduce: list[int]) -> tuple[int, int]:

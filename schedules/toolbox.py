@@ -41,7 +41,8 @@ Loop transforms
 
 Register tiles
     :func:`register_tile`: the 5HD reduction tile dx and dw share (accumulators of a tile of
-    spatial positions x the C0 lanes kept in registers across the whole reduction).
+    spatial positions x the C0 lanes kept in registers across the whole reduction, or across
+    one chunk of it); :func:`balance` and :func:`task_share` say how well tasks share out.
 
 Elementwise stages (each rule's data-parallel stages: packs, pads, casts, outputs)
     :func:`elementwise` (channel-last: whole registers, every outer loop fused) and
@@ -141,6 +142,23 @@ def chain_tile(extent: int, limit: int, accs_per_position: int, chains: int) -> 
     if extent < 2 * limit:
         return -(-extent // 2)
     return limit
+
+
+# the least share of the cores' time the tasks of a parallel loop may keep busy: 27 taps of a
+# 3-D dw on 2 cores, 14 + 13, idle one core 1/28 of the time; on 16 cores, 2 rounds of 16
+# for 27 tasks, 5/32 (the blocks then shrink until the tasks share out better)
+BALANCE_MIN = 0.97
+
+
+def balance(tasks: int, cores: int) -> float:
+    """The share of ``cores`` x the longest core's time that ``tasks`` equal tasks fill."""
+    return tasks / (cores * -(-tasks // cores))
+
+
+def task_share(tasks: int, cores: int) -> float:
+    """How well ``tasks`` equal tasks keep ``cores`` busy: :func:`balance`, scaled down
+    below two tasks per core (a core with one task has no slack for a slow one)."""
+    return balance(tasks, cores) * min(1.0, tasks / (2 * cores))
 
 
 def row_tile(extent: int, budget: int) -> int:
@@ -299,7 +317,7 @@ def vectorize_innermost(sch, block, lanes: int, split_above: int) -> None:
 # ---------------------------------------------------------------------------- register tiles
 def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int, int],
                   par: list[int], serial: list[int], red_inner: tuple = (),
-                  dot_intrin: str | None = None):
+                  dot_intrin: str | None = None, chunk: int = 0):
     """Tile a reduction block whose last spatial loop is the 16-wide lane axis.
 
     ``tiles`` maps spatial loop index -> inner tile size; the inner tiles and the lane axis go
@@ -323,11 +341,13 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
     order_ser = [outer[i] for i in serial]
     red_outer = [lp for lp in red if not any(lp is r for r in red_inner)]
     dot = [red_outer.pop()] if dot_intrin else []
-    sch.reorder(*order_par, *order_ser, *red_outer, *red_inner, *inner, lane_o, lane_i, *dot)
+    red_chunk, red_outer = red_outer[:chunk], red_outer[chunk:]
+    sch.reorder(*order_par, *red_chunk, *order_ser, *red_outer, *red_inner, *inner, lane_o,
+                lane_i, *dot)
     # parallel before decompose_reduction: the split init block would break compact dataflow
     fused = sch.fuse(*order_par) if len(order_par) > 1 else order_par[0]
     sch.parallel(fused)
-    anchor = order_ser[-1] if order_ser else fused
+    anchor = order_ser[-1] if order_ser and not red_chunk else fused
     wb = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(wb, anchor, preserve_unit_loops=True)
     for lp in [*red_inner, *inner]:
@@ -335,7 +355,7 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
     sch.unroll(lane_o)
     if not dot:
         sch.vectorize(lane_i)
-    init = sch.decompose_reduction(block, red_outer[0] if red_outer else red[0])
+    init = sch.decompose_reduction(block, (red_chunk or red_outer or red)[0])
     if dot:
         _tensorize_dot(sch, block, lane_i, init, fused, dot_intrin)
     last = sch.get_loops(wb)[-1]

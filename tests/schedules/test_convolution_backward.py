@@ -217,13 +217,6 @@ def test_in_cache_output_casts_to_float16():
 
 # --- the parallel split: tasks shared out evenly ---------------------------------------------
 
-def test_balance_is_the_busy_share_of_the_cores():
-    from schedules.convolution_backward import balance
-
-    assert balance(28, 2) == 1.0 and balance(27, 2) == 27 / 28 and balance(27, 16) == 27 / 32
-    assert balance(1, 4) == 0.25
-
-
 @pytest.mark.parametrize("cores, blocks", [(2, "4 x 2"), (16, "1 x 1"), (3, "8 x 2")])
 def test_dw_blocks_shrink_until_the_tasks_share_out_evenly(cores, blocks):
     # a 3-D dw of 64 channels: 27 taps x (64 / 8 rows / mb) x (64 / 32 lanes / nb) tasks;

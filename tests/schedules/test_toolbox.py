@@ -164,3 +164,18 @@ def test_transpose_tile_leaves_other_copies_alone():
 ])
 def test_row_tile(extent, budget, rows):
     assert tb.row_tile(extent, budget) == rows
+
+
+def test_balance_is_the_busy_share_of_the_cores():
+    assert tb.balance(28, 2) == 1.0 and tb.balance(27, 2) == 27 / 28
+    assert tb.balance(27, 16) == 27 / 32 and tb.balance(1, 4) == 0.25
+
+
+@pytest.mark.parametrize("tasks, cores, share", [
+    (4, 2, 1.0),        # two each
+    (2, 2, 0.5),        # one each: no slack
+    (27, 2, 27 / 28),
+    (28, 16, 28 / 32 * 28 / 32),  # two rounds, the second 12 of 16 busy; under 2 per core
+])
+def test_task_share(tasks, cores, share):
+    assert tb.task_share(tasks, cores) == pytest.approx(share)

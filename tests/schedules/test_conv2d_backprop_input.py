@@ -1,0 +1,133 @@
+"""The dense dx rule's reduction chunks (``schedules/conv2d_backprop_input.py``): the plan's
+numbers from the target's caches and cores, the scheduled structure, and results against
+the float64 reference where a small L1 forces chunks on small layers."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import dsl
+import targets
+from dsl.ops.group import GroupLayout
+from schedules import conv2d_backprop_input as rule
+
+from cases import C
+from helpers import assert_close, case_id, dx_data, dx_kernel, nc1hwc0_to_nchw, out_hw, para
+from helpers import nchw_to_5hd, weight_to_fracz
+from reference import conv2d_backprop_input as ref_dx
+
+HOST = targets.get("host")
+
+
+def _target(l1d_kib: int, cores: int):
+    """The host's facts with another L1d and core count (targets are data), registered so
+    that ``load`` accepts the kernels built for it."""
+    tgt = replace(HOST, name=f"host-l1d{l1d_kib}-c{cores}", l1d_kib=l1d_kib, cores=cores)
+    targets.register(tgt)
+    return tgt
+
+
+@pytest.mark.parametrize("co1, taps, cx1_t, l1d, step, kc", [
+    (16, 9, 2, 48, 1, 1),    # 3x3: 18 KB of panel per 16 Cout, 24 KB budget
+    (16, 9, 1, 48, 1, 2),    # one C1x block per tile: 9 KB per 16 Cout
+    (32, 1, 2, 48, 1, 8),    # 1x1: 2 KB per 16 Cout -> 12, the divisor of 32 below: 8
+    (4, 1, 2, 48, 1, 4),     # the whole reduction fits: one chunk
+    (8, 1, 2, 48, 2, 8),     # a 1x1 phase of a layout chunked by 2: all 8 fit
+    (8, 4, 2, 48, 2, 2),     # a 2x2 phase: 8 KB per block -> 3, rounded to the step
+    (16, 49, 2, 32, 1, 1),   # a panel over the budget still takes one block
+    (12, 9, 1, 48, 4, 4),    # a 3x3 phase of a layout chunked by 4: one step of 4
+])
+def test_chunk_blocks(co1, taps, cx1_t, l1d, step, kc):
+    tgt = replace(HOST, l1d_kib=l1d)
+    assert rule.chunk_blocks(co1, taps, 4, cx1_t, tgt, step=step) == kc
+
+
+@pytest.mark.parametrize("n_other, hq, row_bytes, cores, rows", [
+    (2, 56, 7168, 2, 28),    # 4 tasks on 2 cores; 56 rows would leave one task per core
+    (2, 56, 7168, 16, 1),    # 112 tasks for 16 cores (4 rows: 28 tasks, 7/8 busy)
+    (64, 14, 1792, 2, 14),   # batch 8: the whole image per task
+    (1, 13, 1024, 4, 1),     # a prime height: 13 tasks beat one
+    (1, 8, 1 << 20, 1, 1),   # a row over the L2 share: one row per task
+])
+def test_task_rows(n_other, hq, row_bytes, cores, rows):
+    tgt = replace(HOST, l2_kib=2048, cores=cores)
+    assert rule.task_rows(n_other, hq, row_bytes, tgt) == rows
+
+
+def _dx_schedule(c, tgt, dtype="float32"):
+    from tvm import te
+
+    ho, wo = out_hw(c)
+    w_sizes = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
+    fz = te.placeholder(GroupLayout.from_weight(w_sizes, c["groups"]).fracz_shape,
+                        name="filters", dtype=dtype)
+    dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop",
+                        dtype=dtype)
+    dx = dsl.conv2d_backprop_input(fz, dy, w_sizes, (c["n"], c["cin"], c["h"], c["w"]),
+                                   para(c, res_dtype="float32"))
+    return dsl.auto_schedule(dx, target=tgt), (fz, dy, dx)
+
+
+def test_chunked_dx_reads_weight_panels_in_l1():
+    """A 3x3 layer whose weight panel per tile overflows the budget: Cout in chunks of 16,
+    the weight stage re-laid as panels ``[C1x/2, CO/16, KH, KW, 16, 2, 16]``."""
+    c = C(2, 64, 64, 10, 10, 3, 1, (1, 1, 1, 1), 1, 1)
+    sch, tensors = _dx_schedule(c, _target(48, 2))
+    text = str(dsl.explain(sch))
+    assert "Cout in chunks of 16 (weight panels in L1)" in text
+    script = sch.s_tir(list(tensors)).mod.script()
+    assert "dx_weight = T.sblock_alloc_buffer((2, 4, 3, 3, 16, 2, 16))" in script
+
+
+def test_a_panel_that_fits_keeps_the_whole_reduction_under_the_tile():
+    c = C(1, 32, 32, 8, 8, 1, 1, (0, 0, 0, 0), 1, 1)
+    sch, tensors = _dx_schedule(c, _target(48, 2))
+    assert "chunks" not in str(dsl.explain(sch))
+    script = sch.s_tir(list(tensors)).mod.script()
+    assert "dx_weight = T.sblock_alloc_buffer((2, 1, 1, 32, 16))" in script
+
+
+CHUNKED = [
+    C(3, 40, 36, 9, 11, 3, 1, (1, 1, 1, 1), 1, 1),       # batch 3, C not multiples of 16
+    C(1, 32, 48, 13, 13, 3, 2, (1, 0, 0, 1), 1, 1),      # stride 2, asymmetric, prime H
+    C(2, 32, 32, 12, 10, (3, 2), 1, (2, 1, 0, 2), 2, 1),  # dilation 2, 3x2 taps
+    C(1, 48, 64, 7, 7, 1, 2, (0, 0, 0, 0), 1, 1),        # 1x1 stride 2: chunks of taps 1
+    C(2, 24, 33, 5, 19, 5, 3, (2, 2, 1, 3), (1, 2), 1),  # stride 3, odd channels, wide rows
+]
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+@pytest.mark.parametrize("c", CHUNKED, ids=case_id)
+def test_chunked_dx_matches_the_reference(c, cores):
+    """A 4 KB L1d forces chunks of one or two Cout blocks on small layers; 16 cores split
+    the rows of each image into several tasks."""
+    tgt = _target(4, cores)
+    sch, _ = _dx_schedule(c, tgt)
+    assert "chunks of" in str(dsl.explain(sch))
+    for dtype in ("float32", "float16"):
+        dy, w = dx_data(c, dtype)
+        kernel = dx_kernel(c, dtype, "float32", tgt)
+        out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
+        ref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"],
+                     c["dil"], 1)
+        assert_close(out, ref, "float32", f"{case_id(c)} {dtype} on {cores} cores")
+
+
+def test_chunked_dx_with_a_nonfinite_weight_runs_the_exact_twin():
+    """The exact twin reads the panels too: a NaN weight reaches only the positions whose
+    taps read it, the rest match the reference."""
+    c = CHUNKED[1]
+    tgt = _target(4, 2)
+    dy, w = dx_data(c, "float32")
+    w = w.copy()
+    w[5, 7, 0, 2] = np.nan
+    kernel = dx_kernel(c, "float32", "float32", tgt)
+    out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
+    with np.errstate(invalid="ignore"):
+        ref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"],
+                     c["dil"], 1)
+    assert np.array_equal(np.isnan(out), np.isnan(ref))
+    assert np.isnan(ref).any() and not np.isnan(ref).all()
+    finite = ~np.isnan(ref)
+    assert_close(out[finite], ref[finite], "float32", "finite positions")
