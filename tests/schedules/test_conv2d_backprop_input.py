@@ -13,8 +13,17 @@ from dsl.ops.group import GroupLayout
 from schedules import conv2d_backprop_input as rule
 
 from cases import C
-from helpers import assert_close, case_id, dx_data, dx_kernel, nc1hwc0_to_nchw, out_hw, para
-from helpers import nchw_to_5hd, weight_to_fracz
+from helpers import (
+    assert_close,
+    case_id,
+    dx_data,
+    dx_kernel,
+    nc1hwc0_to_nchw,
+    nchw_to_5hd,
+    out_hw,
+    para,
+    weight_to_fracz,
+)
 from reference import conv2d_backprop_input as ref_dx
 
 HOST = targets.get("host")

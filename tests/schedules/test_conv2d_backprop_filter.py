@@ -1,0 +1,114 @@
+"""The dense dw rule's reduction chunks (``schedules/conv2d_backprop_filter.py``): the plan
+from the target's L1d and cores, the fallback to rfactor chunks, and results against the
+float64 reference."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import dsl
+import targets
+from dsl.ops.layout import fracz_to_weight
+
+from cases import C
+from helpers import (
+    assert_close,
+    assert_nonfinite_positions,
+    case_id,
+    dw_data,
+    dw_kernel,
+    nchw_to_5hd,
+    out_hw,
+    para,
+)
+from reference import conv2d_backprop_filter as ref_dw
+
+HOST = targets.get("host")
+
+
+def _target(l1d_kib: int, cores: int):
+    """The host's facts with another L1d and core count, registered for ``load``."""
+    tgt = replace(HOST, name=f"host-l1d{l1d_kib}-c{cores}", l1d_kib=l1d_kib, cores=cores)
+    targets.register(tgt)
+    return tgt
+
+
+def _note(c, tgt) -> str:
+    from tvm import te
+
+    ho, wo = out_hw(c)
+    x = te.placeholder((c["n"], -(-c["cin"] // 16), c["h"], c["w"], 16), name="fmap")
+    dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop")
+    dw = dsl.conv2d_backprop_filter(x, dy, (c["cout"], c["cin"] // c["groups"], c["kh"],
+                                            c["kw"]), para(c, groups=c["groups"]))
+    return dict((s, why) for s, _, why in dsl.explain(dsl.auto_schedule(dw, target=tgt))
+                .stages)["dw_acc"]
+
+
+@pytest.mark.parametrize("c, l1d, cores, note", [
+    # 2 C1 x 8 Cout tiles: 18 KB of accumulators per 16 Cout of a 3x3 layer fit 24 KB; an
+    # x row of 2 C1 x 58 columns is 7.25 KB: 3 rows (one output row and the taps' halo)
+    (C(1, 64, 64, 56, 56, 3, 1, (1, 1, 1, 1), 1, 1), 48, 2, "tasks of 16 Cout, 1-row"),
+    # 1x1: 2 KB per 16 Cout, 64 Cout per task; x rows of 56 columns: 3 rows -> 2 (of 56)
+    (C(1, 256, 64, 56, 56, 1, 1, (0, 0, 0, 0), 1, 1), 48, 2, "tasks of 64 Cout, 2-row"),
+    # 16 cores: spans shrink to one register tile (8 Cout): 2 C1 pairs x 16 spans, 32 tasks
+    (C(1, 64, 128, 16, 16, 1, 1, (0, 0, 0, 0), 1, 1), 48, 16, "tasks of 8 Cout"),
+])
+def test_dense_dw_plans_its_chunks_from_l1_and_cores(c, l1d, cores, note):
+    assert note in _note(c, _target(l1d, cores))
+
+
+def test_too_few_tasks_fall_back_to_rfactor_chunks():
+    """2 C1 pairs x 4 Cout spans cannot keep 64 cores busy: the rows are split instead."""
+    note = _note(C(1, 64, 64, 56, 56, 3, 1, (1, 1, 1, 1), 1, 1), _target(48, 64))
+    assert "rfactor chunks" in note and "tasks of" not in note
+
+
+CHUNKED = [
+    C(3, 40, 36, 9, 11, 3, 1, (1, 1, 1, 1), 1, 1),        # batch 3, C not multiples of 16
+    C(1, 32, 48, 13, 13, 3, 2, (1, 0, 0, 1), 1, 1),       # stride 2, asymmetric, prime H
+    C(2, 32, 32, 12, 10, (3, 2), 1, (2, 1, 0, 2), 2, 1),  # dilation 2, 3x2 taps
+    C(1, 48, 64, 7, 7, 1, 2, (0, 0, 0, 0), 1, 1),         # 1x1 stride 2
+    C(2, 24, 33, 11, 19, 5, 3, (2, 2, 1, 3), (1, 2), 1),  # stride 3, odd Cout
+]
+
+
+def _run(c, dtype, tgt):
+    x, dy = dw_data(c, dtype)
+    kernel = dw_kernel(c, dtype, "float32", tgt)
+    w_shape = (c["cout"], c["cin"], c["kh"], c["kw"])
+    out = fracz_to_weight(kernel(nchw_to_5hd(x), nchw_to_5hd(dy)), w_shape, 1)
+    with np.errstate(invalid="ignore"):
+        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], 1)
+    return out, ref, x, dy
+
+
+@pytest.mark.parametrize("l1d, cores", [(48, 2), (4, 2), (4, 3)])
+@pytest.mark.parametrize("c", CHUNKED, ids=case_id)
+def test_chunked_dw_matches_the_reference(c, l1d, cores):
+    """48 KB: several output rows per chunk; 4 KB: one row, one register tile of Cout per
+    task; 3 cores: narrower Cout spans, more tasks (or rfactor chunks where too few)."""
+    tgt = _target(l1d, cores)
+    assert cores > 2 or "reduction chunks in L1" in _note(c, tgt)
+    for dtype in ("float32", "float16"):
+        out, ref, _, _ = _run(c, dtype, tgt)
+        assert_close(out, ref, "float32", f"{case_id(c)} {dtype}, L1d {l1d} KB, {cores} cores")
+
+
+def test_chunked_dw_with_a_nonfinite_dy_runs_the_exact_twin():
+    """x's padding meets dy in the fast path; an inf in dy makes the exact twin run, so the
+    NaN / inf land only where the math puts them."""
+    c = CHUNKED[1]
+    tgt = _target(4, 2)
+    x, dy = dw_data(c, "float32")
+    dy = dy.copy()
+    dy[0, 3, 0, 0] = np.inf
+    kernel = dw_kernel(c, "float32", "float32", tgt)
+    w_shape = (c["cout"], c["cin"], c["kh"], c["kw"])
+    out = fracz_to_weight(kernel(nchw_to_5hd(x), nchw_to_5hd(dy)), w_shape, 1)
+    with np.errstate(invalid="ignore"):
+        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], 1)
+    out, finite = assert_nonfinite_positions(out, ref, "inf in dy")
+    assert not finite.all() and finite.any()
+    assert_close(out[finite], ref[finite], "float32", "finite positions")
