@@ -2,7 +2,8 @@
 
 Ours and the peer are timed alternately in the same process (sample after sample), so load
 from other processes hits both alike; each reported time is the median of ``--repeat`` samples,
-and each sample runs enough iterations to last ``--min-time`` seconds.
+and each sample runs enough iterations to last ``--min-time`` seconds. The ratio is the median
+over rounds of the peer's time over ours in the same round (:func:`paired_ratio`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import statistics
 import sys
 import time
 
-from dsl.runtime.timing import alternating_medians
+from dsl.runtime.timing import alternating_samples, paired_ratio
 
 
 def _parse(argv):
@@ -149,27 +150,38 @@ def _sample(fn, iters: int, settle: float = 0.0) -> float:
     return (time.perf_counter() - t0) / iters
 
 
-def measure_alternating(fns, repeat: int, min_time: float,
-                        settle: float = 0.0) -> list[float]:
-    """Median seconds per call of each function, sampled in turn (one sample of each per
-    round) so that load from other processes hits all of them alike."""
+def sample_alternating(fns, repeat: int, min_time: float,
+                       settle: float = 0.0) -> list[list[float]]:
+    """Seconds per call of each function in each of ``repeat`` rounds, sampled in turn (one
+    sample of each per round) so that load from other processes hits all of them alike."""
     for fn in fns:
         fn()  # warm caches, thread pools and lazy initialisation on every side
     iters = [_calibrate(fn, min_time) for fn in fns]
-    return alternating_medians(
+    return alternating_samples(
         [lambda fn=fn, n=n: _sample(fn, n, settle) for fn, n in zip(fns, iters)], repeat)
 
 
+def measure_alternating(fns, repeat: int, min_time: float,
+                        settle: float = 0.0) -> list[float]:
+    """Median seconds per call of each function (:func:`sample_alternating`)."""
+    return [statistics.median(s) for s in sample_alternating(fns, repeat, min_time, settle)]
+
+
 def measure(prep, repeat: int, min_time: float, use_peer: bool,
-            settle: float = 0.0) -> tuple[float, float | None, dict]:
+            settle: float = 0.0) -> tuple[float, float | None, dict, dict]:
     """Median seconds per iteration of ours, of the peer and of each further peer
-    (``prep.peers``), sampled alternately."""
+    (``prep.peers``), sampled alternately, and each peer's :func:`paired_ratio` to ours
+    (``"peer"`` for the peer; ``"samples"``: every side's seconds per call, round by round)."""
     peer = prep.peer if use_peer else None
     others = dict(prep.peers) if use_peer else {}
+    names = (["peer"] if peer is not None else []) + list(others)
     fns = [prep.ours] + ([peer] if peer is not None else []) + list(others.values())
-    times = measure_alternating(fns, repeat, min_time, settle)
+    samples = sample_alternating(fns, repeat, min_time, settle)
+    times = [statistics.median(s) for s in samples]
+    ratios = {name: paired_ratio(s, samples[0]) for name, s in zip(names, samples[1:])}
+    ratios["samples"] = dict(zip(["ours", *names], samples))
     extra = dict(zip(others, times[len(times) - len(others):]))
-    return times[0], (times[1] if peer is not None else None), extra
+    return times[0], (times[1] if peer is not None else None), extra, ratios
 
 
 # TVM's pool spins this many sched_yield rounds before parking a worker: about 7 ms on the
@@ -322,18 +334,19 @@ def _run_one(w, repeat, min_time, use_peer, settle, keep_asm=False) -> dict:
             prep = w.setup()
         if keep_asm:
             row["asm"] = asms
-        ours, peer, others = measure(prep, repeat, min_time, use_peer, settle)
+        ours, peer, others, ratios = measure(prep, repeat, min_time, use_peer, settle)
         err = prep.verify() if use_peer else None
         nbytes = getattr(w, "bytes", 0.0)
         row.update(unit="GB/s" if nbytes else "GFLOP/s", bytes=nbytes,
                    ours_gbps=nbytes / ours / 1e9 if nbytes else None,
                    peer_gbps=nbytes / peer / 1e9 if nbytes and peer else None,
-                   others_s=others, others_ratio={k: v / ours for k, v in others.items()})
+                   others_s=others, others_ratio={k: ratios[k] for k in others})
         row.update(check_err=err, ours_s=ours, peer_s=peer, build_s=prep.build_seconds,
+                   samples=ratios["samples"],
                    load_avg=round(os.getloadavg()[0], 2),
                    ours_gflops=w.flops / ours / 1e9,
                    peer_gflops=w.flops / peer / 1e9 if peer else None,
-                   ratio=peer / ours if peer else None, info=dict(prep.info), error=None)
+                   ratio=ratios.get("peer"), info=dict(prep.info), error=None)
     except Exception as exc:  # noqa: BLE001 - one broken workload must not stop the rest
         row.update(ours_s=None, peer_s=None, build_s=None, ours_gflops=None, check_err=None,
                    peer_gflops=None, ratio=None, info={},
