@@ -23,6 +23,8 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from targets.cpu import LLVM_ALIASES
+
 FMA_RE = re.compile(r"^\s*(\{vex\}\s*)?v(p?dp\w+|f[n]?m(add|sub)\w*)\b")
 
 
@@ -54,17 +56,25 @@ def tool() -> str | None:
 def predict(block: Sequence[str], mcpu: str, iterations: int = 500) -> Prediction:
     """Cycles per iteration of ``block`` (AT&T assembly lines, a label and branch allowed).
 
+    Where llvm-mca has no model for ``mcpu`` but knows the row it aliases
+    (:data:`targets.cpu.LLVM_ALIASES`: ``emeraldrapids`` -> ``sapphirerapids``), that row's
+    model answers; the :class:`Prediction`'s ``mcpu`` names the model used.
+
     Raises
     ------
     Unavailable
-        No llvm-mca, no model for ``mcpu``, or an instruction the model does not know.
+        No llvm-mca, no model for ``mcpu`` or its alias, or an instruction the model does
+        not know.
     """
     exe = tool()
     if exe is None:
         raise Unavailable("llvm-mca is not installed (Debian: apt-get install llvm)")
-    proc = subprocess.run([exe, f"-mcpu={mcpu}", f"-iterations={iterations}"],
-                          input="\n".join(block) + "\n", capture_output=True, text=True,
-                          check=False, timeout=120)
+    proc = _run(exe, block, mcpu, iterations)
+    alias = LLVM_ALIASES.get(mcpu)
+    if "not a recognized processor" in proc.stderr and alias is not None:
+        # an older llvm-mca than the compiler (Debian's 14 has no emeraldrapids): the row
+        # whose core the name shares (targets.cpu.LLVM_ALIASES) answers, and says so
+        mcpu, proc = alias, _run(exe, block, alias, iterations)
     if "not a recognized processor" in proc.stderr:
         raise Unavailable(f"{exe} has no scheduling model for -mcpu={mcpu}")
     if proc.returncode:
@@ -73,6 +83,12 @@ def predict(block: Sequence[str], mcpu: str, iterations: int = 500) -> Predictio
              for k in ("Iterations", "Total Cycles", "IPC", "Block RThroughput")}
     return Prediction(mcpu, field["Total Cycles"] / field["Iterations"],
                       field["Block RThroughput"], field["IPC"], exe)
+
+
+def _run(exe: str, block: Sequence[str], mcpu: str, iterations: int):
+    return subprocess.run([exe, f"-mcpu={mcpu}", f"-iterations={iterations}"],
+                          input="\n".join(block) + "\n", capture_output=True, text=True,
+                          check=False, timeout=120)
 
 
 _LABEL = re.compile(r"^([.\w$]+):")

@@ -161,6 +161,16 @@ def test_mca_predicts_the_roof_loop():
         mca.predict(list(loop.body), "no-such-cpu")
 
 
+@pytest.mark.skipif(mca.tool() is None, reason="llvm-mca not installed")
+def test_mca_answers_an_alias_with_its_rows_model():
+    """Debian's llvm-mca 14 has no ``emeraldrapids``: Sapphire Rapids' model answers (a
+    newer one answers itself), and the prediction names the model used."""
+    loop = roof.make_loop("avx512")
+    pred = mca.predict([".L0:", *loop.body, "dec %rcx", "jnz .L0"], "emeraldrapids")
+    assert pred.mcpu in ("emeraldrapids", "sapphirerapids")
+    assert pred.cycles_per_iter >= 12 * 0.95  # 24 zmm FMAs on two pipes
+
+
 def test_peak_cli(tmp_path, monkeypatch, capsys):
     if not HAS_CC:
         pytest.skip("no C compiler")
