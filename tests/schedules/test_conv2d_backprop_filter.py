@@ -34,7 +34,7 @@ def _target(l1d_kib: int, cores: int):
     return tgt
 
 
-def _note(c, tgt) -> str:
+def _note(c, tgt, stage: str = "dw_acc") -> str:
     from tvm import te
 
     ho, wo = out_hw(c)
@@ -43,7 +43,7 @@ def _note(c, tgt) -> str:
     dw = dsl.conv2d_backprop_filter(x, dy, (c["cout"], c["cin"] // c["groups"], c["kh"],
                                             c["kw"]), para(c, groups=c["groups"]))
     return dict((s, why) for s, _, why in dsl.explain(dsl.auto_schedule(dw, target=tgt))
-                .stages)["dw_acc"]
+                .stages)[stage]
 
 
 @pytest.mark.parametrize("c, l1d, cores, note", [
@@ -63,6 +63,9 @@ def test_too_few_tasks_fall_back_to_rfactor_chunks():
     """2 C1 pairs x 4 Cout spans cannot keep 64 cores busy: the rows are split instead."""
     note = _note(C(1, 64, 64, 56, 56, 3, 1, (1, 1, 1, 1), 1, 1), _target(48, 64))
     assert "rfactor chunks" in note and "tasks of" not in note
+    # each part's taps then run over one output row at a time: 3 x rows of 4 C1 blocks x
+    # 58 columns (44 KB) already overflow half of L1d
+    assert "of 1-row chunks" in note
 
 
 CHUNKED = [
@@ -112,3 +115,24 @@ def test_chunked_dw_with_a_nonfinite_dy_runs_the_exact_twin():
     out, finite = assert_nonfinite_positions(out, ref, "inf in dy")
     assert not finite.all() and finite.any()
     assert_close(out[finite], ref[finite], "float32", "finite positions")
+
+
+PARTS = [  # layers whose dw takes rfactor parts: row chunks inside each part
+    (C(2, 3, 24, 23, 21, 7, 2, (3, 3, 3, 3), 1, 1), "dw_acc_t"),  # RGB stem: Cout lanes
+    (C(1, 32, 32, 10, 9, 3, 1, (1, 0, 2, 1), 1, 4), "dw_acc"),     # grouped
+    (C(2, 16, 16, 11, 12, 3, 2, (1, 1, 1, 1), 2, 16), "dw_acc"),   # depthwise, dilated
+]
+
+
+@pytest.mark.parametrize("c, stage", PARTS, ids=lambda v: case_id(v) if isinstance(v, dict)
+                         else v)
+def test_rfactor_parts_in_row_chunks_match_the_reference(c, stage):
+    tgt = _target(4, 2)
+    assert "-row chunks" in _note(c, tgt, stage)
+    for dtype in ("float32", "float16"):
+        x, dy = dw_data(c, dtype)
+        w_shape = (c["cout"], c["cin"] // c["groups"], c["kh"], c["kw"])
+        out = dw_kernel(c, dtype, "float32", tgt)(nchw_to_5hd(x), nchw_to_5hd(dy))
+        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], c["groups"])
+        assert_close(fracz_to_weight(out, w_shape, c["groups"]), ref, "float32",
+                     f"{case_id(c)} {dtype}")
