@@ -146,3 +146,17 @@ def seed_dx():
                                    {"strides": [1, 1], "padding": [0, 0, 0, 0],
                                     "dilations": [1, 1, 1, 1], "res_dtype": "float32"})
     return w, dy, dx
+
+
+def host_with(l1d_kib: int, cores: int):
+    """The host target's facts with another L1d and core count (targets are data),
+    registered under its own name so that ``load`` accepts the kernels built for it: a small
+    L1d forces the cache-blocked rules' chunks on small test layers."""
+    from dataclasses import replace
+
+    import targets
+
+    tgt = replace(targets.get("host"), name=f"host-l1d{l1d_kib}-c{cores}", l1d_kib=l1d_kib,
+                  cores=cores)
+    targets.register(tgt)
+    return tgt

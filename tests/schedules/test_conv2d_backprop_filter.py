@@ -2,13 +2,11 @@
 from the target's L1d and cores, the fallback to rfactor chunks, and results against the
 float64 reference."""
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
 import dsl
-import targets
 from dsl.ops.layout import fracz_to_weight
 
 from cases import C
@@ -18,20 +16,12 @@ from helpers import (
     case_id,
     dw_data,
     dw_kernel,
+    host_with,
     nchw_to_5hd,
     out_hw,
     para,
 )
 from reference import conv2d_backprop_filter as ref_dw
-
-HOST = targets.get("host")
-
-
-def _target(l1d_kib: int, cores: int):
-    """The host's facts with another L1d and core count, registered for ``load``."""
-    tgt = replace(HOST, name=f"host-l1d{l1d_kib}-c{cores}", l1d_kib=l1d_kib, cores=cores)
-    targets.register(tgt)
-    return tgt
 
 
 def _note(c, tgt, stage: str = "dw_acc") -> str:
@@ -56,12 +46,12 @@ def _note(c, tgt, stage: str = "dw_acc") -> str:
     (C(1, 64, 128, 16, 16, 1, 1, (0, 0, 0, 0), 1, 1), 48, 16, "tasks of 8 Cout"),
 ])
 def test_dense_dw_plans_its_chunks_from_l1_and_cores(c, l1d, cores, note):
-    assert note in _note(c, _target(l1d, cores))
+    assert note in _note(c, host_with(l1d, cores))
 
 
 def test_too_few_tasks_fall_back_to_rfactor_chunks():
     """2 C1 pairs x 4 Cout spans cannot keep 64 cores busy: the rows are split instead."""
-    note = _note(C(1, 64, 64, 56, 56, 3, 1, (1, 1, 1, 1), 1, 1), _target(48, 64))
+    note = _note(C(1, 64, 64, 56, 56, 3, 1, (1, 1, 1, 1), 1, 1), host_with(48, 64))
     assert "rfactor chunks" in note and "tasks of" not in note
     # each part's taps then run over one output row at a time: 3 x rows of 4 C1 blocks x
     # 58 columns (44 KB) already overflow half of L1d
@@ -92,7 +82,7 @@ def _run(c, dtype, tgt):
 def test_chunked_dw_matches_the_reference(c, l1d, cores):
     """48 KB: several output rows per chunk; 4 KB: one row, one register tile of Cout per
     task; 3 cores: narrower Cout spans, more tasks (or rfactor chunks where too few)."""
-    tgt = _target(l1d, cores)
+    tgt = host_with(l1d, cores)
     assert cores > 2 or "reduction chunks in L1" in _note(c, tgt)
     for dtype in ("float32", "float16"):
         out, ref, _, _ = _run(c, dtype, tgt)
@@ -103,7 +93,7 @@ def test_chunked_dw_with_a_nonfinite_dy_runs_the_exact_twin():
     """x's padding meets dy in the fast path; an inf in dy makes the exact twin run, so the
     NaN / inf land only where the math puts them."""
     c = CHUNKED[1]
-    tgt = _target(4, 2)
+    tgt = host_with(4, 2)
     x, dy = dw_data(c, "float32")
     dy = dy.copy()
     dy[0, 3, 0, 0] = np.inf
@@ -127,7 +117,7 @@ PARTS = [  # layers whose dw takes rfactor parts: row chunks inside each part
 @pytest.mark.parametrize("c, stage", PARTS, ids=lambda v: case_id(v) if isinstance(v, dict)
                          else v)
 def test_rfactor_parts_in_row_chunks_match_the_reference(c, stage):
-    tgt = _target(4, 2)
+    tgt = host_with(4, 2)
     assert "-row chunks" in _note(c, tgt, stage)
     for dtype in ("float32", "float16"):
         x, dy = dw_data(c, dtype)

@@ -18,6 +18,7 @@ from helpers import (
     case_id,
     dx_data,
     dx_kernel,
+    host_with,
     nc1hwc0_to_nchw,
     nchw_to_5hd,
     out_hw,
@@ -27,14 +28,6 @@ from helpers import (
 from reference import conv2d_backprop_input as ref_dx
 
 HOST = targets.get("host")
-
-
-def _target(l1d_kib: int, cores: int):
-    """The host's facts with another L1d and core count (targets are data), registered so
-    that ``load`` accepts the kernels built for it."""
-    tgt = replace(HOST, name=f"host-l1d{l1d_kib}-c{cores}", l1d_kib=l1d_kib, cores=cores)
-    targets.register(tgt)
-    return tgt
 
 
 @pytest.mark.parametrize("co1, taps, cx1_t, l1d, step, kc", [
@@ -82,7 +75,7 @@ def test_chunked_dx_reads_weight_panels_in_l1():
     """A 3x3 layer whose weight panel per tile overflows the budget: Cout in chunks of 16,
     the weight stage re-laid as panels ``[C1x/2, CO/16, KH, KW, 16, 2, 16]``."""
     c = C(2, 64, 64, 10, 10, 3, 1, (1, 1, 1, 1), 1, 1)
-    sch, tensors = _dx_schedule(c, _target(48, 2))
+    sch, tensors = _dx_schedule(c, host_with(48, 2))
     text = str(dsl.explain(sch))
     assert "Cout in chunks of 16 (weight panels in L1)" in text
     script = sch.s_tir(list(tensors)).mod.script()
@@ -91,7 +84,7 @@ def test_chunked_dx_reads_weight_panels_in_l1():
 
 def test_a_panel_that_fits_keeps_the_whole_reduction_under_the_tile():
     c = C(1, 32, 32, 8, 8, 1, 1, (0, 0, 0, 0), 1, 1)
-    sch, tensors = _dx_schedule(c, _target(48, 2))
+    sch, tensors = _dx_schedule(c, host_with(48, 2))
     assert "chunks" not in str(dsl.explain(sch))
     script = sch.s_tir(list(tensors)).mod.script()
     assert "dx_weight = T.sblock_alloc_buffer((2, 1, 1, 32, 16))" in script
@@ -111,7 +104,7 @@ CHUNKED = [
 def test_chunked_dx_matches_the_reference(c, cores):
     """A 4 KB L1d forces chunks of one or two Cout blocks on small layers; 16 cores split
     the rows of each image into several tasks."""
-    tgt = _target(4, cores)
+    tgt = host_with(4, cores)
     sch, _ = _dx_schedule(c, tgt)
     assert "chunks of" in str(dsl.explain(sch))
     for dtype in ("float32", "float16"):
@@ -127,7 +120,7 @@ def test_chunked_dx_with_a_nonfinite_weight_runs_the_exact_twin():
     """The exact twin reads the panels too: a NaN weight reaches only the positions whose
     taps read it, the rest match the reference."""
     c = CHUNKED[1]
-    tgt = _target(4, 2)
+    tgt = host_with(4, 2)
     dy, w = dx_data(c, "float32")
     w = w.copy()
     w[5, 7, 0, 2] = np.nan
