@@ -6,10 +6,13 @@ tile ``C1 x C`` (one operand loaded as vectors, the other broadcast); grouped an
 layers, whose C is tiny and whose both operands are vectors, tile ``C x KW (x KH)`` so each
 loaded vector is reused across taps. Tile sizes come from the target's register file.
 
-When the reduction's data does not fit the L2 cache, or the spatial axes are too few to keep
-every core busy (grouped, depthwise, stem layers), the ``N*Ho`` rows are split into chunks by
-``rfactor``: each task runs all taps over one chunk that stays in cache, writes a partial sum,
-and a small vectorised reduction adds the chunks.
+A dense layer whose tasks (C1 tile x a span of Cout, :func:`plan_chunks`) keep the cores busy
+runs in reduction chunks of output rows whose x rows fit half of L1d: each task runs all its
+tiles and taps over one chunk before the next, its accumulators for every tap in L1. Otherwise,
+when the reduction's data does not fit the L2 cache, or the spatial axes are too few to keep
+every core busy (grouped, depthwise, stem layers), the ``N*Ho`` rows are split into parts by
+``rfactor``: each task runs all taps over one part, in chunks of rows that fit half of L1d
+(:func:`part_rows`), writes a partial sum, and a small vectorised reduction adds the parts.
 """
 
 from __future__ import annotations
@@ -118,6 +121,12 @@ class Chunks:
         return f"tasks of {self.span} Cout, {self.rows}-row reduction chunks in L1"
 
 
+def _vertical_steps(params: dict) -> tuple[int, int]:
+    """(stride, dilation) along H from the operator's parameters (1, 1 where absent: the row
+    counts below then leave out the taps' halo, a smaller chunk, never a wrong result)."""
+    return params.get("strides", [1])[0], params.get("dilations", [1, 1, 1])[2]
+
+
 def plan_chunks(sch, block, target, tiles: dict[int, int], params: dict) -> Chunks | None:
     """:class:`Chunks` for a dense 5HD dw accumulator ``[C1, KH, KW, CO, 16]`` over
     ``(n, ho, wo)``, or None (then :func:`reduction_chunks` splits it): the widest Cout span
@@ -143,7 +152,7 @@ def plan_chunks(sch, block, target, tiles: dict[int, int], params: dict) -> Chun
     x = max((r.source for r in sch.get(block).reads if len(r.source.shape) == 5
              and r.source.name != sch.get(block).name_hint),
             key=lambda b: int(b.shape[2]) * int(b.shape[3]))
-    stride, dil = params["strides"][0], params["dilations"][2]
+    stride, dil = _vertical_steps(params)
     row_bytes = c1_t * int(x.shape[3]) * C0 * x.dtype.bits // 8
 
     def x_rows(r):
@@ -160,10 +169,8 @@ def part_rows(sch, rf, target, params: dict) -> int:
     tap then runs over a chunk still in L1 instead of streaming the whole part from L2 (the
     RGB stem's 49 taps, Cout in the lanes: 1.11x on one Emerald Rapids core, a chunk of one
     output row; 1.04x at two rows, 0.96x at seven)."""
-    *_, rows, _ = sch.get_loops(rf)
-    n_rows = extent(sch, rows)
-    stride, dil = params["strides"][0], params["dilations"][2]
-    kh = extent(sch, sch.get_loops(rf)[2])
+    _, kh, *_, n_rows, _ = (extent(sch, lp) for lp in sch.get_loops(rf))  # C1, KH, .., Wo
+    stride, dil = _vertical_steps(params)
     per_row = []  # (bytes of one row of the operand, True when it has the taps' halo)
     for r in sch.get(rf).reads:
         buf = r.source

@@ -12,6 +12,13 @@ few input channels (``dx_acc_w*``) vectorise W positions instead and broadcast t
 Tile sizes come from the target's register file; no target is named here. With one stride
 phase the anchor ``dx`` (and any epilogue fused into it) is computed in the register tile's
 write-back (:func:`schedules.fusion.write_from_tile`): no round trip through ``dx_acc``.
+
+Where a tile's weight panel (its C1x blocks x every tap x Cout) overflows half of L1d, the
+reduction runs in Cout chunks whose panel fits (:func:`chunk_blocks`): a task takes
+:func:`task_rows` rows of an image and runs all their tiles over one chunk before the next,
+the tiles' partial sums in the task's ``local`` block between chunks, and the weight stage
+is laid out as one contiguous panel per chunk (:func:`weight_panels`). The sizes come from
+the target's L1d, L2 and cores.
 """
 
 from __future__ import annotations
@@ -145,6 +152,7 @@ def dx_acc_tiles(sch, block, target, kc: int = 0):
     dot = dot_intrinsic(sch, block, target)
     if kc:
         co1, jh, jw, _ = (tb.extent(sch, lp) for lp in red)
+        # the weight stage of a layout without dot products: float32 (int32 for int8)
         kc = chunk_blocks(co1, jh * jw, 4, cx1_t, target, step=kc)
         kc = 0 if kc == co1 else kc
     if not kc:
