@@ -36,8 +36,8 @@ from schedules.toolbox import (
     extents,
     parallel_outer,
     register_tile,
+    sharing_choice,
     split_loops,
-    task_share,
     tile_factor,
     vector_registers,
 )
@@ -144,9 +144,9 @@ def plan_chunks(sch, block, target, tiles: dict[int, int], params: dict) -> Chun
     per_tile = c1_t * kh * kw * co_t * C0 * 4  # one register tile's accumulators, every tap
     spans = [co_t * d for d in divisors(co // co_t) if d * per_tile <= l1 * ACC_L1_SHARE]
     spans = spans or [co_t]
-    span = next((s for s in reversed(spans) if task_share(
-        c1 // c1_t * (co // s), target.cores) >= BALANCE_MIN), None)
-    if span is None:
+    span, share = sharing_choice(reversed(spans), lambda s: c1 // c1_t * (co // s),
+                                 target.cores)
+    if share < BALANCE_MIN:
         return None
     # x and dy are both [N, C1, rows, columns, 16]; x has the padded (larger) plane
     x = max((r.source for r in sch.get(block).reads if len(r.source.shape) == 5

@@ -126,18 +126,12 @@ def chunk_blocks(co1: int, taps: int, dtype_bytes: int, cx1_t: int, target,
 def task_rows(n_other: int, hq: int, row_bytes: int, target) -> int:
     """Hq rows per task of a chunked dx phase: the most (a divisor of ``hq``: no ragged
     task) whose accumulator block fits :data:`BLOCK_L2_SHARE` of L2 and whose
-    ``n_other * hq / rows`` tasks keep the cores busy (:func:`schedules.toolbox.task_share`
-    at least :data:`schedules.toolbox.BALANCE_MIN`; else the rows that share out best).
+    ``n_other * hq / rows`` tasks keep the cores busy, else the rows whose tasks share out
+    best (:func:`schedules.toolbox.sharing_choice`).
     More rows, more tiles reuse each chunk's panel while it is in L1."""
     cap = max(1, int(target.l2_kib * 1024 * BLOCK_L2_SHARE) // row_bytes)
-    best = None
-    for rows in sorted((d for d in tb.divisors(hq) if d <= cap), reverse=True):
-        share = tb.task_share(n_other * (hq // rows), target.cores)
-        if best is None or share > best[0] + 1e-9:
-            best = (share, rows)
-        if share >= tb.BALANCE_MIN:
-            break
-    return best[1]
+    rows = sorted((d for d in tb.divisors(hq) if d <= cap), reverse=True)
+    return tb.sharing_choice(rows, lambda r: n_other * (hq // r), target.cores)[0]
 
 
 def dx_acc_tiles(sch, block, target, kc: int = 0):

@@ -54,7 +54,6 @@ from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
-    BALANCE_MIN,
     accumulator_registers,
     elementwise,
     extent,
@@ -64,9 +63,9 @@ from schedules.toolbox import (
     parallel,
     register_factor,
     row_tile,
+    sharing_choice,
     spatial_count,
     split_last_tile,
-    task_share,
     transpose_blocks,
     transpose_tile,
     transpose_tiles,
@@ -146,21 +145,21 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
     nb = largest_divisor(ext[vec] // vf, max(1, l2 // 8 // (4 * mb * rf * vf)))
     others = math.prod(e for i, e in enumerate(ext[:n_sp]) if i not in (vec, row))
     # smaller blocks until every core has two tasks, in shares equal enough; else the blocks
-    # whose tasks share out best
-    best = None
-    while True:
-        tasks = tiles // mb * (ext[vec] // (vf * nb))
-        tasks = tasks * others if fuse_ok else max(tasks, others)
-        share = task_share(tasks, target.cores)
-        if best is None or share > best[0] + 1e-9:  # ties: the larger blocks
-            best = (share, mb, nb)
-        if share >= BALANCE_MIN or (mb == 1 and nb == 1):
-            break
-        if mb > 1:
-            mb = largest_divisor(tiles, mb - 1)
-        else:
-            nb = largest_divisor(ext[vec] // vf, nb - 1)
-    _, mb, nb = best
+    # whose tasks share out best (ties: the larger blocks)
+    def blocks(mb, nb):
+        yield mb, nb
+        while mb > 1 or nb > 1:
+            if mb > 1:
+                mb = largest_divisor(tiles, mb - 1)
+            else:
+                nb = largest_divisor(ext[vec] // vf, nb - 1)
+            yield mb, nb
+
+    def tasks(b):
+        n = tiles // b[0] * (ext[vec] // (vf * b[1]))
+        return n * others if fuse_ok else max(n, others)
+
+    (mb, nb), _ = sharing_choice(blocks(mb, nb), tasks, target.cores)
     return Tile(vf, rf, mb, nb, kc, ext[row] % rf, kc2, flat)
 
 

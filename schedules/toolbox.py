@@ -42,7 +42,8 @@ Loop transforms
 Register tiles
     :func:`register_tile`: the 5HD reduction tile dx and dw share (accumulators of a tile of
     spatial positions x the C0 lanes kept in registers across the whole reduction, or across
-    one chunk of it); :func:`balance` and :func:`task_share` say how well tasks share out.
+    one chunk of it); :func:`balance` and :func:`task_share` say how well tasks share out,
+    :func:`sharing_choice` picks the first blocking whose tasks do.
 
 Elementwise stages (each rule's data-parallel stages: packs, pads, casts, outputs)
     :func:`elementwise` (channel-last: whole registers, every outer loop fused) and
@@ -159,6 +160,20 @@ def task_share(tasks: int, cores: int) -> float:
     """How well ``tasks`` equal tasks keep ``cores`` busy: :func:`balance`, scaled down
     below two tasks per core (a core with one task has no slack for a slow one)."""
     return balance(tasks, cores) * min(1.0, tasks / (2 * cores))
+
+
+def sharing_choice(candidates, tasks, cores: int) -> tuple:
+    """``(candidate, share)``: the first of ``candidates`` (in order of preference) whose
+    ``tasks(candidate)`` tasks keep ``cores`` busy (:func:`task_share` at least
+    :data:`BALANCE_MIN`), else the one whose tasks share out best (the earlier on a tie)."""
+    best = None
+    for cand in candidates:
+        share = task_share(tasks(cand), cores)
+        if share >= BALANCE_MIN:
+            return cand, share
+        if best is None or share > best[1] + 1e-9:
+            best = (cand, share)
+    return best
 
 
 def row_tile(extent: int, budget: int) -> int:

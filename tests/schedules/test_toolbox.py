@@ -179,3 +179,15 @@ def test_balance_is_the_busy_share_of_the_cores():
 ])
 def test_task_share(tasks, cores, share):
     assert tb.task_share(tasks, cores) == pytest.approx(share)
+
+
+def test_sharing_choice_takes_the_first_that_shares_out_else_the_best():
+    # rows per task over a 56-row image, 2 blocks of channels, 16 cores: 28 and 14 rows
+    # leave cores idle, 1 row (112 tasks) is the first that fills them
+    rows = [28, 14, 8, 4, 2, 1]
+    assert tb.sharing_choice(rows, lambda r: 2 * (56 // r), 16) == (1, 1.0)
+    # 2 cores: 28 rows already make 4 tasks, two per core
+    assert tb.sharing_choice(rows, lambda r: 2 * (56 // r), 2) == (28, 1.0)
+    # none reaches BALANCE_MIN: the best share, the earlier on a tie
+    cand, share = tb.sharing_choice([3, 2, 1], lambda t: t, 4)
+    assert cand == 3 and share == pytest.approx(tb.task_share(3, 4))

@@ -168,10 +168,10 @@ def measure_alternating(fns, repeat: int, min_time: float,
 
 
 def measure(prep, repeat: int, min_time: float, use_peer: bool,
-            settle: float = 0.0) -> tuple[float, float | None, dict, dict]:
+            settle: float = 0.0) -> tuple[float, float | None, dict, dict, dict]:
     """Median seconds per iteration of ours, of the peer and of each further peer
-    (``prep.peers``), sampled alternately, and each peer's :func:`paired_ratio` to ours
-    (``"peer"`` for the peer; ``"samples"``: every side's seconds per call, round by round)."""
+    (``prep.peers``), sampled alternately; each peer's :func:`paired_ratio` to ours
+    (``"peer"`` for the peer); every side's seconds per call, round by round."""
     peer = prep.peer if use_peer else None
     others = dict(prep.peers) if use_peer else {}
     names = (["peer"] if peer is not None else []) + list(others)
@@ -179,9 +179,9 @@ def measure(prep, repeat: int, min_time: float, use_peer: bool,
     samples = sample_alternating(fns, repeat, min_time, settle)
     times = [statistics.median(s) for s in samples]
     ratios = {name: paired_ratio(s, samples[0]) for name, s in zip(names, samples[1:])}
-    ratios["samples"] = dict(zip(["ours", *names], samples))
     extra = dict(zip(others, times[len(times) - len(others):]))
-    return times[0], (times[1] if peer is not None else None), extra, ratios
+    return (times[0], (times[1] if peer is not None else None), extra, ratios,
+            dict(zip(["ours", *names], samples)))
 
 
 # TVM's pool spins this many sched_yield rounds before parking a worker: about 7 ms on the
@@ -334,7 +334,8 @@ def _run_one(w, repeat, min_time, use_peer, settle, keep_asm=False) -> dict:
             prep = w.setup()
         if keep_asm:
             row["asm"] = asms
-        ours, peer, others, ratios = measure(prep, repeat, min_time, use_peer, settle)
+        ours, peer, others, ratios, samples = measure(prep, repeat, min_time, use_peer,
+                                                      settle)
         err = prep.verify() if use_peer else None
         nbytes = getattr(w, "bytes", 0.0)
         row.update(unit="GB/s" if nbytes else "GFLOP/s", bytes=nbytes,
@@ -342,7 +343,7 @@ def _run_one(w, repeat, min_time, use_peer, settle, keep_asm=False) -> dict:
                    peer_gbps=nbytes / peer / 1e9 if nbytes and peer else None,
                    others_s=others, others_ratio={k: ratios[k] for k in others})
         row.update(check_err=err, ours_s=ours, peer_s=peer, build_s=prep.build_seconds,
-                   samples=ratios["samples"],
+                   samples=samples,
                    load_avg=round(os.getloadavg()[0], 2),
                    ours_gflops=w.flops / ours / 1e9,
                    peer_gflops=w.flops / peer / 1e9 if peer else None,
