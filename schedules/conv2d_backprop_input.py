@@ -26,7 +26,7 @@ from __future__ import annotations
 import schedules
 from dsl.ops import tag
 from dsl.ops.group import C0
-from schedules import fusion
+from schedules import amx, fusion
 from schedules import toolbox as tb
 from schedules.fallback import schedule_fallbacks
 from schedules.intrinsics import dot_intrinsic
@@ -206,6 +206,21 @@ def weight_sums(sch, block) -> None:
     sch.decompose_reduction(block, red[0])
 
 
+def amx_tiles(sch, workload, block) -> bool:
+    """AMX tiles for a dot-product phase where the target has them (:mod:`schedules.amx`):
+    Wq positions as tile rows, C1x blocks as the tiles' 16 lanes, the rows ``(N, C1x tiles,
+    Hq)`` across cores. False (nothing done) where the instruction does not apply."""
+    ins = amx.instruction(sch, block, workload.target)
+    if ins is None:
+        return False
+    b, cx1, qh, qw, cx0 = tb.split_loops(sch, block)[0]
+    rows, mt, nt = amx.tile_reduction(sch, block, qw, cx0, cx1, [b, cx1, qh])
+    workload.note(sch.get(block).name_hint, RULE,
+                  f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {mt}x{nt} accumulator tiles of "
+                  f"{rows} Wq positions x 16 lanes, the whole reduction under them")
+    return True
+
+
 @schedules.register(tag.CONV2D_BACKPROP_INPUT, "x86")
 def schedule_dx_x86(sch, workload) -> None:
     target = workload.target
@@ -218,6 +233,8 @@ def schedule_dx_x86(sch, workload) -> None:
         if tb.spatial_count(sch, acc) == 4:
             dx_positions_tile(sch, acc, target)
             workload.note(name, RULE, "few input channels: W positions in vector lanes")
+            continue
+        if amx_tiles(sch, workload, acc):
             continue
         (wb, _), kc_acc = dx_acc_tiles(sch, acc, target, kc)
         workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers"

@@ -142,8 +142,9 @@ def lower(sch: Schedule, name: str, tensor_list):
     import tvm
 
     from dsl.runtime.run_if import wire_fallbacks
+    from schedules.amx import lower_tiles
 
-    func = element_aligned_args(wire_fallbacks(sch.s_tir(tensor_list).mod["main"]))
+    func = lower_tiles(element_aligned_args(wire_fallbacks(sch.s_tir(tensor_list).mod["main"])))
     return tvm.IRModule({name: func.with_attr("global_symbol", name)})
 
 

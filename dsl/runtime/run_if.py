@@ -102,7 +102,7 @@ def take_exact_twins(func):
                                    for _, at, t, _ in hits)],
             writes=[*block.writes, *(r for r, _, _, _ in hits)])
 
-    body = _rebuild(func.body, visit)
+    body = rebuild(func.body, visit)
     _check_wired(blocks, wired)
     return func.with_body(body)
 
@@ -217,31 +217,37 @@ def _with_block(b, **changes):
     return tvm.s_tir.SBlock(**fields)
 
 
-def _rebuild(stmt, visit):
-    """``stmt`` with every SBlock ``b`` replaced by ``visit(b)`` (None keeps it), the
+def rebuild(stmt, visit, visit_loop=None):
+    """``stmt`` with every SBlock ``b`` replaced by ``visit(b)`` and, with ``visit_loop``,
+    every For ``f`` by ``visit_loop(f)`` before its body is visited (None keeps either), the
     containers above a change rebuilt (the node kinds a scheduled s_tir function has)."""
     import tvm
 
+    if visit_loop is not None and isinstance(stmt, tvm.tirx.For):
+        new = visit_loop(stmt)
+        if new is not None:
+            return new
+
     if isinstance(stmt, tvm.s_tir.SBlockRealize):
-        block = _rebuild(stmt.block, visit)
+        block = rebuild(stmt.block, visit, visit_loop)
         return stmt if block.same_as(stmt.block) else tvm.s_tir.SBlockRealize(
             stmt.iter_values, stmt.predicate, block)
     if isinstance(stmt, tvm.s_tir.SBlock):
-        body = _rebuild(stmt.body, visit)
+        body = rebuild(stmt.body, visit, visit_loop)
         block = stmt if body.same_as(stmt.body) else _with_block(stmt, body=body)
         return visit(block) or block
     if isinstance(stmt, tvm.tirx.SeqStmt):
-        seq = [_rebuild(s, visit) for s in stmt.seq]
+        seq = [rebuild(s, visit, visit_loop) for s in stmt.seq]
         return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else \
             tvm.tirx.SeqStmt(seq)
     if isinstance(stmt, tvm.tirx.For):
-        body = _rebuild(stmt.body, visit)
+        body = rebuild(stmt.body, visit, visit_loop)
         return stmt if body.same_as(stmt.body) else tvm.tirx.For(
             stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
             stmt.annotations, stmt.step)
     if isinstance(stmt, tvm.tirx.IfThenElse):
-        then = _rebuild(stmt.then_case, visit)
-        other = _rebuild(stmt.else_case, visit) if stmt.else_case is not None else None
+        then = rebuild(stmt.then_case, visit, visit_loop)
+        other = rebuild(stmt.else_case, visit, visit_loop) if stmt.else_case is not None else None
         if then.same_as(stmt.then_case) and (other is None or other.same_as(stmt.else_case)):
             return stmt
         return tvm.tirx.IfThenElse(stmt.condition, then, other)

@@ -1,0 +1,383 @@
+"""Intel AMX tiles for the dot-product reductions (bfloat16 ``tdpbf16ps``, int8 ``tdpbusd``).
+
+An AMX core holds eight tile registers of up to 16 rows x 64 bytes and multiplies them whole:
+``tdpbf16ps C, A, B`` adds to each fp32 ``C[m, n]`` (16 x 16) the ``K`` products
+``A[m, k] * B[k, n]``, ``A`` a tile of ``M`` rows x ``K`` bfloat16 and ``B`` one of ``K / 2``
+rows x 16 pairs (``vdpbf16ps``'s pair layout); ``tdpbusd`` likewise with unsigned x signed
+bytes in groups of 4 and int32 ``C``. On a Sapphire Rapids core that is 1024 bfloat16
+multiply-adds in 16 cycles, 16 times what AVX-512 does in fp32.
+
+A tile register cannot be a TVM buffer, so the rule here works in two steps:
+
+1. :func:`tile_reduction` (a schedule step) shapes the block's loop nest into the form
+   ``[m tiles, rows, n tiles, lanes, steps..., k, dot]`` (a register tile of ``mt x nt``
+   accumulator tiles with its whole reduction below it) and marks its outermost loop with
+   :data:`ANNOTATION`;
+2. :func:`lower_tiles` (from :func:`dsl.runtime.build.lower`, after every schedule step)
+   rewrites each marked nest: the accumulator tiles are zeroed (or loaded), every reduction
+   step loads ``mt`` A tiles and ``nt`` B tiles and issues ``mt * nt`` tile products, then the
+   accumulators are stored. Addresses and row strides come from the block's own index
+   expressions (affine in the nest's loops, checked), so any phase, stride or dilation the
+   compute describes is handled and nothing about the operator is assumed here.
+
+Linux hands AMX's 8 KB of tile state to a process only on request (``arch_prctl
+ARCH_REQ_XCOMP_PERM``), so a function with tiles first makes that request (a syscall,
+well under a microsecond); without it the first tile instruction would kill the process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ANNOTATION = "dsl.amx_tile"
+ROWS = 16  # rows of a tile register
+ROW_BYTES = 64  # bytes of a tile row
+C_TILES = 4  # accumulator tiles of one register tile (the other four hold A and B)
+
+# Linux x86-64: arch_prctl's syscall number, ARCH_REQ_XCOMP_PERM and XFEATURE_XTILEDATA
+_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """A tile product: the ISA feature it needs, its LLVM intrinsic, and its ``dot``: the
+    ``A`` elements one 32-bit group of a ``B`` row pairs with one ``C`` lane."""
+
+    feature: str
+    llvm: str
+    dot: int
+
+
+# (A dtype, B dtype, accumulator dtype) -> instruction
+INSTRUCTIONS = {
+    ("bfloat16", "bfloat16", "float32"): Instruction("amx_bf16", "llvm.x86.tdpbf16ps", 2),
+    ("uint8", "int8", "int32"): Instruction("amx_int8", "llvm.x86.tdpbusd", 4),
+}
+
+
+def instruction(sch, block, target) -> Instruction | None:
+    """The tile product ``block`` can use on ``target``, or None: the target must have the
+    feature (and tiles), the block must read ``A`` then ``B`` in the instruction's dtypes
+    into ``C``, and its last two reduction axes must be the instruction's ``K`` in groups of
+    ``dot`` (the layout the dot-product stages already give: :mod:`schedules.intrinsics`)."""
+    blk = sch.get(block)
+    out = blk.writes[0].source
+    reads = [r.source for r in blk.reads if r.source.name != out.name]
+    if len(reads) != 2 or len(blk.iter_vars) < 3:
+        return None
+    ins = INSTRUCTIONS.get((str(reads[0].dtype), str(reads[1].dtype), str(out.dtype)))
+    if ins is None or not target.has("amx_tile", ins.feature):
+        return None
+    k, d = blk.iter_vars[-2:]
+    if int(k.iter_type) != 2 or int(d.iter_type) != 2 or int(d.dom.extent) != ins.dot:
+        return None
+    k_bytes = int(k.dom.extent) * ins.dot * reads[0].dtype.bits // 8
+    return ins if k_bytes <= ROW_BYTES else None
+
+
+def tile_rows(extent: int) -> tuple[int, int]:
+    """``(rows, mt)`` for ``extent`` positions along the tile's row axis: the most rows up to
+    16 that divide it (no ragged tile), and two row tiles when they fit evenly."""
+    rows = max(d for d in range(1, min(extent, ROWS) + 1) if extent % d == 0)
+    return rows, 2 if (extent // rows) % 2 == 0 else 1
+
+
+def tile_reduction(sch, block, rows_loop, lanes_loop, n_loop, par_loops) -> tuple[int, int, int]:
+    """Shape ``block`` (spatial ``par_loops`` around ``n_loop``, ``rows_loop``, ``lanes_loop``
+    of 16 accumulator lanes, then its reduction, ``k`` and ``dot`` last) into marked
+    register tiles and run ``par_loops`` across cores. Returns ``(rows, mt, nt)``: rows per
+    tile and the accumulator tiles along rows and ``n``."""
+    from schedules import toolbox as tb
+
+    *steps, k, dot = tb.split_loops(sch, block)[1]
+    rows, mt = tile_rows(tb.extent(sch, rows_loop))
+    nt = 2 if tb.extent(sch, n_loop) % 2 == 0 else 1
+    r_o, r_t, r_r = sch.split(rows_loop, [None, mt, rows])
+    n_o, n_t = sch.split(n_loop, [None, nt])
+    outer = [lp if lp != n_loop else n_o for lp in par_loops]
+    sch.reorder(*outer, r_o, r_t, r_r, n_t, lanes_loop, *steps, k, dot)
+    sch.parallel(sch.fuse(*outer))
+    sch.annotate(r_t, ANNOTATION, len(steps))
+    return rows, mt, nt
+
+
+# --- the rewrite ---------------------------------------------------------------------------
+
+
+def lower_tiles(func):
+    """``func`` with each nest marked by :func:`tile_reduction` rewritten into tile
+    instructions (see the module docstring), and the tile permission requested first;
+    ``func`` itself when nothing is marked."""
+    from dsl.runtime.run_if import rebuild
+
+    found = []
+
+    def rewrite(loop):
+        if ANNOTATION not in loop.annotations:
+            return None
+        found.append(loop)
+        return _tile_nest(loop)
+
+    body = rebuild(func.body, lambda block: None, rewrite)
+    if not found:
+        return func
+    return func.with_body(_with_permission(body))
+
+
+def _with_permission(body):
+    """``body`` after the request for the tile state (inside the root block, whose buffers
+    every statement may use)."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    ask = tirx.Evaluate(tirx.call_extern("int64", "syscall", tirx.const(_SYS_ARCH_PRCTL, "int64"),
+                                         tirx.const(_ARCH_REQ_XCOMP_PERM, "int64"),
+                                         tirx.const(_XFEATURE_XTILEDATA, "int64")))
+    if isinstance(body, s_tir.SBlockRealize):
+        blk = body.block
+        new = s_tir.SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint,
+                           tvm.tirx.SeqStmt([ask, blk.body]), blk.init, blk.alloc_buffers,
+                           blk.match_buffers, blk.annotations)
+        return s_tir.SBlockRealize(body.iter_values, body.predicate, new)
+    return tvm.tirx.SeqStmt([ask, body])
+
+
+@dataclass
+class _Nest:
+    """A marked nest taken apart: its loops by role and its one reduction block."""
+
+    m: object  # For: accumulator tiles along rows
+    rows: object
+    n: object  # For: accumulator tiles along n
+    lanes: object
+    steps: list  # For: the reduction steps, outermost first
+    k: object
+    dot: object
+    realize: object  # SBlockRealize of the reduction
+
+
+def _take_apart(loop) -> _Nest:
+    import tvm
+
+    n_steps = int(loop.annotations[ANNOTATION])
+    loops, stmt = [], loop
+    while isinstance(stmt, tvm.tirx.For):
+        loops.append(stmt)
+        stmt = stmt.body
+    if not isinstance(stmt, tvm.s_tir.SBlockRealize) or len(loops) != 6 + n_steps:
+        raise RuntimeError(f"{ANNOTATION}: the marked nest is not [m, rows, n, lanes, "
+                           f"{n_steps} steps, k, dot] over one block (a schedule step after "
+                           "tile_reduction changed it)")
+    m, rows, n, lanes, *rest = loops
+    return _Nest(m, rows, n, lanes, rest[:n_steps], rest[-2], rest[-1], stmt)
+
+
+def _flat(buf, indices):
+    """Element offset of ``buf[indices]`` (compact row-major: every buffer here is)."""
+    off, stride = 0, 1
+    for i, dim in reversed(list(zip(indices, buf.shape))):
+        off = off + i * stride
+        stride = stride * dim
+    return off
+
+
+def _coefficients(expr, loop_vars) -> list[int]:
+    """Constant coefficients of ``expr`` in ``loop_vars`` (it must be affine in them)."""
+    import tvm
+    from tvm.sym import Analyzer, detect_linear_equation
+
+    got = detect_linear_equation(expr, loop_vars)
+    if len(got) != len(loop_vars) + 1:
+        raise RuntimeError(f"{ANNOTATION}: index {expr} is not affine in the tile's loops")
+    coef = [Analyzer().simplify(c) for c in got[:-1]]
+    if not all(isinstance(c, tvm.tirx.IntImm) for c in coef):
+        raise RuntimeError(f"{ANNOTATION}: index {expr} has a non-constant step")
+    return [int(c) for c in coef]
+
+
+@dataclass
+class _Operand:
+    """One operand of the tile product: its buffer, index (in loop variables) and, per
+    loop of the nest, its element step."""
+
+    buffer: object
+    indices: list
+    step: dict  # loop role -> elements
+
+
+def _operands(nest: _Nest):
+    """``(C, A, B)`` of the nest's block ``C[...] = C[...] + cast(A[...]) * cast(B[...])``,
+    their indices in loop variables and the element step of each loop."""
+    import tvm
+
+    blk = nest.realize.block
+    bind = {iv.var: v for iv, v in zip(blk.iter_vars, nest.realize.iter_values)}
+    store = blk.body
+    value = store.value
+    ok = (isinstance(store, tvm.tirx.BufferStore) and isinstance(value, tvm.tirx.Add)
+          and isinstance(value.b, tvm.tirx.Mul))
+    if not ok:
+        raise RuntimeError(f"{ANNOTATION}: block {blk.name_hint} is not C = C + A * B")
+    loads = []
+    for part in (value.b.a, value.b.b):
+        part = part.value if isinstance(part, tvm.tirx.Cast) else part
+        if not isinstance(part, tvm.ir.TensorLoad):  # what tirx.BufferLoad makes
+            raise RuntimeError(f"{ANNOTATION}: {part} is not a buffer load")
+        loads.append((part.source, part.indices))
+    roles = {"m": nest.m, "rows": nest.rows, "n": nest.n, "lanes": nest.lanes,
+             "k": nest.k, "dot": nest.dot, **{f"s{i}": s for i, s in enumerate(nest.steps)}}
+    names = list(roles)
+    loop_vars = [roles[r].loop_var for r in names]
+    out = []
+    for buf, idx in [(store.buffer, store.indices), *loads]:
+        idx = [_subst(i, bind) for i in idx]
+        coef = _coefficients(_flat(buf, idx), loop_vars)
+        out.append(_Operand(buf, idx, dict(zip(names, coef))))
+    return out, blk.init is not None
+
+
+def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
+    """The steps the tile instructions take for granted: lanes and ``k x dot`` contiguous in
+    a row, rows evenly spaced, each operand independent of the other's axes."""
+    ext = {"k": int(nest.k.extent), "dot": int(nest.dot.extent)}
+    want = [(c, "lanes", 1), (c, "k", 0), (c, "dot", 0),
+            (a, "dot", 1), (a, "k", ins.dot), (a, "lanes", 0), (a, "n", 0),
+            (b, "dot", 1), (b, "lanes", ins.dot), (b, "k", ROW_BYTES * 8 // b.buffer.dtype.bits),
+            (b, "rows", 0), (b, "m", 0)]
+    bad = [(op.buffer.name, role, op.step[role], step) for op, role, step in want
+           if op.step[role] != step]
+    if bad or ext["dot"] != ins.dot or int(nest.lanes.extent) != ROW_BYTES // 4:
+        raise RuntimeError(f"{ANNOTATION}: the operands' layout does not fit the tiles "
+                           f"(buffer, loop, step, wanted): {bad}")
+
+
+def _tile_nest(loop):
+    """The tile instructions for one marked nest (see :func:`lower_tiles`)."""
+    from tvm import s_tir, tirx
+
+    nest = _take_apart(loop)
+    (c, a, b), has_init = _operands(nest)
+    ins = INSTRUCTIONS[str(a.buffer.dtype), str(b.buffer.dtype), str(c.buffer.dtype)]
+    _check_layout(c, a, b, nest, ins)
+    mt, nt, rows = int(nest.m.extent), int(nest.n.extent), int(nest.rows.extent)
+    k_bytes = int(nest.k.extent) * ins.dot * a.buffer.dtype.bits // 8
+    c_tile = [[m * nt + n for n in range(nt)] for m in range(mt)]
+    a_tile = [C_TILES + m for m in range(mt)]
+    b_tile = [C_TILES + mt + n for n in range(nt)]
+    shapes = {t: (rows, ROW_BYTES) for row in c_tile for t in row}
+    shapes.update({t: (rows, k_bytes) for t in a_tile})
+    shapes.update({t: (int(nest.k.extent), ROW_BYTES) for t in b_tile})
+    raw = [op.buffer for op in (a, b) if str(op.buffer.dtype) == "bfloat16"]
+    views = {buf.name: _raw_view(buf) for buf in raw}
+    at = _addresser(nest, views)
+
+    steps = [_tile_load(a_tile[m], at(a, m=m), _row_bytes(a)) for m in range(mt)]
+    steps += [_tile_load(b_tile[n], at(b, n=n), _row_bytes(b, "k")) for n in range(nt)]
+    steps += [_intrin(ins.llvm, c_tile[m][n], a_tile[m], b_tile[n])
+              for m in range(mt) for n in range(nt)]
+    step_loop = tirx.SeqStmt(steps)
+    for s in reversed(nest.steps):
+        step_loop = tirx.For(s.loop_var, s.min, s.extent, tirx.ForKind.SERIAL, step_loop)
+    cfg = tirx.decl_buffer((64,), "uint8", name="amx_config", scope="local")
+    first = [_config(cfg, shapes), _intrin("llvm.x86.ldtilecfg", tirx.address_of(cfg[0]))]
+    first += [_intrin("llvm.x86.tilezero", c_tile[m][n]) if has_init else
+              _tile_load(c_tile[m][n], at(c, m, n), _row_bytes(c))
+              for m in range(mt) for n in range(nt)]
+    last = [_intrin("llvm.x86.tilestored64", c_tile[m][n], at(c, m, n), _row_bytes(c))
+            for m in range(mt) for n in range(nt)]
+    last.append(_intrin("llvm.x86.tilerelease"))
+    body = tirx.SeqStmt(first + [step_loop] + last)
+    whole = [tirx.BufferRegion(op.buffer, [_full(d) for d in op.buffer.shape])
+             for op in (c, a, b)]
+    blk = s_tir.SBlock([], whole[1:] + ([whole[0]] if not has_init else []), whole[:1],
+                       f"{nest.realize.block.name_hint}_amx", body, alloc_buffers=[cfg])
+    realize = s_tir.SBlockRealize([], True, blk)
+    if not raw:
+        return realize
+    # declared inside the block, FlattenBuffer would meet the views' uses first
+    declare = [tirx.DeclBuffer(views[buf.name], data=buf.data) for buf in raw]
+    return tirx.SeqStmt([*declare, realize])
+
+
+def _raw_view(buf):
+    """A flat view of ``buf``'s memory in an integer dtype of its width: the tiles take raw
+    bits, and an access through another dtype keeps TVM's BF16ComputeLegalize from
+    widening a bfloat16 buffer the kernel allocates to float32 (the tiles would read fp32
+    words as bfloat16 pairs)."""
+    from tvm import tirx
+
+    size = 1
+    for d in buf.shape:
+        size = size * d
+    return tirx.decl_buffer((size,), f"uint{buf.dtype.bits}", name=f"{buf.name}_bits",
+                            data=buf.data)
+
+
+def _addresser(nest: _Nest, views: dict):
+    """``at(op, m, n)``: the address of ``op``'s element at accumulator tile ``(m, n)`` of
+    the current reduction step (row, lane and ``k`` 0), through its raw view."""
+    from tvm import tirx
+
+    zero = {nest.rows.loop_var: 0, nest.lanes.loop_var: 0, nest.k.loop_var: 0,
+            nest.dot.loop_var: 0}
+
+    def at(op, m=0, n=0):
+        sub = {**zero, nest.m.loop_var: m, nest.n.loop_var: n}
+        view = views.get(op.buffer.name)
+        if view is None:
+            return tirx.address_of(tirx.BufferLoad(op.buffer, [_subst(i, sub)
+                                                               for i in op.indices]))
+        flat = _subst(_flat(op.buffer, op.indices), sub)
+        return tirx.address_of(tirx.BufferLoad(view, [flat]))
+
+    return at
+
+
+def _row_bytes(op, axis: str = "rows"):
+    """The stride between tile rows of operand ``op`` (along loop ``axis``: ``k`` for
+    ``B``), in bytes (int64, as the instruction takes it)."""
+    from tvm import tirx
+
+    return tirx.const(op.step[axis] * op.buffer.dtype.bits // 8, "int64")
+
+
+def _subst(expr, mapping: dict):
+    """``expr`` with each variable of ``mapping`` replaced by its expression (simplified)."""
+    from tvm.sym import Analyzer
+
+    ana = Analyzer()
+    for var, value in mapping.items():
+        ana.bind(var, value)
+    return ana.simplify(expr)
+
+
+def _full(dim):
+    import tvm
+
+    return tvm.ir.Range.from_min_extent(0, dim)
+
+
+def _intrin(name: str, *args):
+    """A void LLVM intrinsic call; ints are the tile numbers (``i8`` immediates)."""
+    from tvm import tirx
+
+    conv = [tirx.const(a, "int8") if isinstance(a, int) else a for a in args]
+    return tirx.Evaluate(tirx.call_llvm_intrin("void", name, *conv))
+
+
+def _tile_load(tile: int, ptr, stride):
+    return _intrin("llvm.x86.tileloadd64", tile, ptr, stride)
+
+
+def _config(cfg, shapes: dict):
+    """Fill the 64-byte tile configuration: palette 1, then per tile its bytes per row
+    (16-bit, from byte 16) and rows (from byte 48); unused tiles stay 0."""
+    from tvm import tirx
+
+    data = [0] * 64
+    data[0] = 1
+    for t, (rows, colsb) in shapes.items():
+        data[16 + 2 * t], data[17 + 2 * t] = colsb & 0xFF, colsb >> 8
+        data[48 + t] = rows
+    return tirx.SeqStmt([tirx.BufferStore(cfg, tirx.const(v, "uint8"), [i])
+                         for i, v in enumerate(data)])
