@@ -82,11 +82,23 @@ def tile_rows(extent: int) -> tuple[int, int]:
     return rows, 2 if (extent // rows) % 2 == 0 else 1
 
 
-def tile_reduction(sch, block, rows_loop, lanes_loop, n_loop, par_loops) -> tuple[int, int, int]:
+@dataclass(frozen=True)
+class Tiling:
+    """What :func:`tile_reduction` chose: ``rows`` per tile, ``mt x nt`` accumulator tiles,
+    and ``write_back``, the block that copies each register tile's accumulators out (the
+    place to compute the operator's output from them: :func:`schedules.fusion.write_from_tile`)."""
+
+    rows: int
+    mt: int
+    nt: int
+    write_back: object
+
+
+def tile_reduction(sch, block, rows_loop, lanes_loop, n_loop, par_loops) -> Tiling:
     """Shape ``block`` (spatial ``par_loops`` around ``n_loop``, ``rows_loop``, ``lanes_loop``
     of 16 accumulator lanes, then its reduction, ``k`` and ``dot`` last) into marked
-    register tiles and run ``par_loops`` across cores. Returns ``(rows, mt, nt)``: rows per
-    tile and the accumulator tiles along rows and ``n``."""
+    register tiles whose accumulators go to a tile-sized ``local`` buffer, copied out per
+    tile, and run ``par_loops`` across cores."""
     from schedules import toolbox as tb
 
     *steps, k, dot = tb.split_loops(sch, block)[1]
@@ -97,8 +109,12 @@ def tile_reduction(sch, block, rows_loop, lanes_loop, n_loop, par_loops) -> tupl
     outer = [lp if lp != n_loop else n_o for lp in par_loops]
     sch.reorder(*outer, r_o, r_t, r_r, n_t, lanes_loop, *steps, k, dot)
     sch.parallel(sch.fuse(*outer))
-    sch.annotate(r_t, ANNOTATION, len(steps))
-    return rows, mt, nt
+    sch.annotate(r_o, ANNOTATION, len(steps))
+    # the accumulators leave the tiles into L1 (tilestored), not into the whole output
+    write_back = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(write_back, r_o, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(write_back)[-1])
+    return Tiling(rows, mt, nt, write_back)
 
 
 # --- the rewrite ---------------------------------------------------------------------------
@@ -116,7 +132,7 @@ def lower_tiles(func):
         if ANNOTATION not in loop.annotations:
             return None
         found.append(loop)
-        return _tile_nest(loop)
+        return _tile_loop(loop)
 
     body = rebuild(func.body, lambda block: None, rewrite)
     if not found:
@@ -156,10 +172,9 @@ class _Nest:
     realize: object  # SBlockRealize of the reduction
 
 
-def _take_apart(loop) -> _Nest:
+def _take_apart(loop, n_steps: int) -> _Nest:
     import tvm
 
-    n_steps = int(loop.annotations[ANNOTATION])
     loops, stmt = [], loop
     while isinstance(stmt, tvm.tirx.For):
         loops.append(stmt)
@@ -251,11 +266,35 @@ def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
                            f"(buffer, loop, step, wanted): {bad}")
 
 
-def _tile_nest(loop):
-    """The tile instructions for one marked nest (see :func:`lower_tiles`)."""
+def _tile_loop(loop):
+    """The marked loop over a task's register tiles (:func:`tile_reduction`): the tiles
+    configured once before it and released after it (``ldtilecfg`` costs hundreds of
+    cycles), each iteration's nest rewritten (:func:`_tile_nest`), what follows the nest in
+    the loop's body (the tile's write-back) kept."""
+    import tvm
     from tvm import s_tir, tirx
 
-    nest = _take_apart(loop)
+    body = loop.body
+    parts = list(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else [body]
+    nest = _take_apart(parts[0], int(loop.annotations[ANNOTATION]))
+    tiles, shapes = _tile_nest(nest)
+    new_body = tirx.SeqStmt([tiles, *parts[1:]]) if len(parts) > 1 else tiles
+    annotations = {k: v for k, v in loop.annotations.items() if k != ANNOTATION}
+    new = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, new_body,
+                   loop.thread_binding, annotations, loop.step)
+    cfg = tirx.decl_buffer((64,), "uint8", name="amx_config", scope="local")
+    configure = s_tir.SBlockRealize([], True, s_tir.SBlock(
+        [], [], [], "amx_configure", tirx.SeqStmt([
+            _config(cfg, shapes), _intrin("llvm.x86.ldtilecfg", tirx.address_of(cfg[0]))]),
+        alloc_buffers=[cfg]))
+    return tirx.SeqStmt([configure, new, _intrin("llvm.x86.tilerelease")])
+
+
+def _tile_nest(nest: _Nest):
+    """The tile instructions of one register tile's nest, and the tile shapes they need
+    (tile number -> (rows, bytes per row))."""
+    from tvm import s_tir, tirx
+
     (c, a, b), has_init = _operands(nest)
     ins = INSTRUCTIONS[str(a.buffer.dtype), str(b.buffer.dtype), str(c.buffer.dtype)]
     _check_layout(c, a, b, nest, ins)
@@ -278,25 +317,21 @@ def _tile_nest(loop):
     step_loop = tirx.SeqStmt(steps)
     for s in reversed(nest.steps):
         step_loop = tirx.For(s.loop_var, s.min, s.extent, tirx.ForKind.SERIAL, step_loop)
-    cfg = tirx.decl_buffer((64,), "uint8", name="amx_config", scope="local")
-    first = [_config(cfg, shapes), _intrin("llvm.x86.ldtilecfg", tirx.address_of(cfg[0]))]
-    first += [_intrin("llvm.x86.tilezero", c_tile[m][n]) if has_init else
-              _tile_load(c_tile[m][n], at(c, m, n), _row_bytes(c))
-              for m in range(mt) for n in range(nt)]
+    first = [_intrin("llvm.x86.tilezero", c_tile[m][n]) if has_init else
+             _tile_load(c_tile[m][n], at(c, m, n), _row_bytes(c))
+             for m in range(mt) for n in range(nt)]
     last = [_intrin("llvm.x86.tilestored64", c_tile[m][n], at(c, m, n), _row_bytes(c))
             for m in range(mt) for n in range(nt)]
-    last.append(_intrin("llvm.x86.tilerelease"))
-    body = tirx.SeqStmt(first + [step_loop] + last)
-    whole = [tirx.BufferRegion(op.buffer, [_full(d) for d in op.buffer.shape])
-             for op in (c, a, b)]
-    blk = s_tir.SBlock([], whole[1:] + ([whole[0]] if not has_init else []), whole[:1],
-                       f"{nest.realize.block.name_hint}_amx", body, alloc_buffers=[cfg])
+    region = [_region(op, nest) for op in (c, a, b)]
+    blk = s_tir.SBlock([], region[1:] + ([region[0]] if not has_init else []), region[:1],
+                       f"{nest.realize.block.name_hint}_amx",
+                       tirx.SeqStmt(first + [step_loop] + last))
     realize = s_tir.SBlockRealize([], True, blk)
     if not raw:
-        return realize
+        return realize, shapes
     # declared inside the block, FlattenBuffer would meet the views' uses first
     declare = [tirx.DeclBuffer(views[buf.name], data=buf.data) for buf in raw]
-    return tirx.SeqStmt([*declare, realize])
+    return tirx.SeqStmt([*declare, realize]), shapes
 
 
 def _raw_view(buf):
@@ -351,10 +386,24 @@ def _subst(expr, mapping: dict):
     return ana.simplify(expr)
 
 
-def _full(dim):
+def _region(op, nest: _Nest):
+    """The region of ``op.buffer`` the nest touches: per axis, its index with every loop of
+    the nest at its first iteration, and the span the loops' steps reach (the block's reads
+    and writes, from which TVM sizes the tile's ``local`` buffer)."""
     import tvm
+    from tvm import tirx
 
-    return tvm.ir.Range.from_min_extent(0, dim)
+    loops = [nest.m, nest.rows, nest.n, nest.lanes, *nest.steps, nest.k, nest.dot]
+    first = {lp.loop_var: lp.min for lp in loops}
+    ranges = []
+    for index in op.indices:
+        coef = _coefficients(index, [lp.loop_var for lp in loops])
+        low = _subst(index, first)
+        reach = [c * (int(lp.extent) - 1) for c, lp in zip(coef, loops)]
+        low = low + sum(r for r in reach if r < 0)
+        extent = 1 + sum(abs(r) for r in reach)
+        ranges.append(tvm.ir.Range.from_min_extent(low, tirx.const(extent, str(index.ty))))
+    return tirx.BufferRegion(op.buffer, ranges)
 
 
 def _intrin(name: str, *args):

@@ -206,19 +206,22 @@ def weight_sums(sch, block) -> None:
     sch.decompose_reduction(block, red[0])
 
 
-def amx_tiles(sch, workload, block) -> bool:
+def amx_tiles(sch, workload, block, single_phase: bool) -> bool | None:
     """AMX tiles for a dot-product phase where the target has them (:mod:`schedules.amx`):
     Wq positions as tile rows, C1x blocks as the tiles' 16 lanes, the rows ``(N, C1x tiles,
-    Hq)`` across cores. False (nothing done) where the instruction does not apply."""
+    Hq)`` across cores; with one phase dx is written from each tile's accumulators. None
+    (nothing done) where the instruction does not apply, else whether dx was written from
+    the tiles."""
     ins = amx.instruction(sch, block, workload.target)
     if ins is None:
-        return False
+        return None
     b, cx1, qh, qw, cx0 = tb.split_loops(sch, block)[0]
-    rows, mt, nt = amx.tile_reduction(sch, block, qw, cx0, cx1, [b, cx1, qh])
+    t = amx.tile_reduction(sch, block, qw, cx0, cx1, [b, cx1, qh])
     workload.note(sch.get(block).name_hint, RULE,
-                  f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {mt}x{nt} accumulator tiles of "
-                  f"{rows} Wq positions x 16 lanes, the whole reduction under them")
-    return True
+                  f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {t.mt}x{t.nt} accumulator tiles of "
+                  f"{t.rows} Wq positions x 16 lanes, the whole reduction under them")
+    return single_phase and fusion.write_from_tile(
+        sch, workload, t.write_back, workload.find(sch, tag.CONV2D_BACKPROP_INPUT), RULE)
 
 
 @schedules.register(tag.CONV2D_BACKPROP_INPUT, "x86")
@@ -234,7 +237,10 @@ def schedule_dx_x86(sch, workload) -> None:
             dx_positions_tile(sch, acc, target)
             workload.note(name, RULE, "few input channels: W positions in vector lanes")
             continue
-        if amx_tiles(sch, workload, acc):
+        written = amx_tiles(sch, workload, acc, len(accs) == 1)
+        if written is not None:
+            if written:
+                stages.remove(tag.CONV2D_BACKPROP_INPUT)
             continue
         (wb, _), kc_acc = dx_acc_tiles(sch, acc, target, kc)
         workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers"
