@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ANNOTATION = "dsl.amx_tile"
+ANNOTATION = "dsl.amx_tile"  # on a task's loop over its register tiles
+CONFIGURE = "dsl.amx_configure"  # on the loop whose body configures the tiles once
 ROWS = 16  # rows of a tile register
 ROW_BYTES = 64  # bytes of a tile row
 C_TILES = 4  # accumulator tiles of one register tile (the other four hold A and B)
@@ -94,11 +95,12 @@ class Tiling:
     write_back: object
 
 
-def tile_reduction(sch, block, rows_loop, lanes_loop, n_loop, par_loops) -> Tiling:
+def tile_reduction(sch, block, rows_loop, lanes_loop, n_loop, par_loops, cores: int) -> Tiling:
     """Shape ``block`` (spatial ``par_loops`` around ``n_loop``, ``rows_loop``, ``lanes_loop``
     of 16 accumulator lanes, then its reduction, ``k`` and ``dot`` last) into marked
     register tiles whose accumulators go to a tile-sized ``local`` buffer, copied out per
-    tile, and run ``par_loops`` across cores."""
+    tile, and run ``par_loops`` across ``cores`` in chunks (:func:`core_chunks`), each
+    configuring the tiles once."""
     from schedules import toolbox as tb
 
     *steps, k, dot = tb.split_loops(sch, block)[1]
@@ -108,13 +110,29 @@ def tile_reduction(sch, block, rows_loop, lanes_loop, n_loop, par_loops) -> Tili
     n_o, n_t = sch.split(n_loop, [None, nt])
     outer = [lp if lp != n_loop else n_o for lp in par_loops]
     sch.reorder(*outer, r_o, r_t, r_r, n_t, lanes_loop, *steps, k, dot)
-    sch.parallel(sch.fuse(*outer))
+    fused = sch.fuse(*outer)
+    tasks = tb.extent(sch, fused)
+    chunks = core_chunks(tasks, cores)
+    if chunks < tasks:
+        fused, per_chunk = sch.split(fused, [chunks, None])
+        sch.annotate(per_chunk, CONFIGURE, 1)
+    else:
+        sch.annotate(r_o, CONFIGURE, 1)
+    sch.parallel(fused)
     sch.annotate(r_o, ANNOTATION, len(steps))
     # the accumulators leave the tiles into L1 (tilestored), not into the whole output
     write_back = sch.cache_write(block, 0, "local")
     sch.reverse_compute_at(write_back, r_o, preserve_unit_loops=True)
     sch.vectorize(sch.get_loops(write_back)[-1])
     return Tiling(rows, mt, nt, write_back)
+
+
+def core_chunks(tasks: int, cores: int) -> int:
+    """Parallel chunks of ``tasks`` equal tasks: the fewest that share out evenly over
+    ``cores`` (a divisor of ``tasks`` and a multiple of ``cores``), else ``tasks``. Each chunk
+    configures the tiles once; in one configuration per task, ``ldtilecfg`` and
+    ``tilerelease`` took a third of a 1x1 layer's time."""
+    return next((d for d in range(cores, tasks, cores) if tasks % d == 0), tasks)
 
 
 # --- the rewrite ---------------------------------------------------------------------------
@@ -126,18 +144,47 @@ def lower_tiles(func):
     ``func`` itself when nothing is marked."""
     from dsl.runtime.run_if import rebuild
 
-    found = []
-
-    def rewrite(loop):
-        if ANNOTATION not in loop.annotations:
+    def configure(loop):
+        if CONFIGURE not in loop.annotations:
             return None
-        found.append(loop)
-        return _tile_loop(loop)
+        shapes = {}
 
-    body = rebuild(func.body, lambda block: None, rewrite)
-    if not found:
+        def tiles(inner):
+            if ANNOTATION not in inner.annotations:
+                return None
+            new, used = _tile_loop(inner)
+            shapes.update(used)
+            return new
+
+        body = rebuild(_unmarked(loop, CONFIGURE), lambda block: None, tiles)
+        return _configured(body, shapes)
+
+    body = rebuild(func.body, lambda block: None, configure)
+    if body.same_as(func.body):
         return func
     return func.with_body(_with_permission(body))
+
+
+def _unmarked(loop, key: str):
+    """``loop`` without its annotation ``key``."""
+    from tvm import tirx
+
+    annotations = {k: v for k, v in loop.annotations.items() if k != key}
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body,
+                    loop.thread_binding, annotations, loop.step)
+
+
+def _configured(body, shapes: dict):
+    """``body`` between the tile configuration for ``shapes`` (tile -> (rows, bytes per
+    row)) and the release of the tiles."""
+    from tvm import s_tir, tirx
+
+    cfg = tirx.decl_buffer((64,), "uint8", name="amx_config", scope="local")
+    configure = s_tir.SBlockRealize([], True, s_tir.SBlock(
+        [], [], [], "amx_configure", tirx.SeqStmt([
+            _config(cfg, shapes), _intrin("llvm.x86.ldtilecfg", tirx.address_of(cfg[0]))]),
+        alloc_buffers=[cfg]))
+    return tirx.SeqStmt([configure, body, _intrin("llvm.x86.tilerelease")])
 
 
 def _with_permission(body):
@@ -267,27 +314,20 @@ def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
 
 
 def _tile_loop(loop):
-    """The marked loop over a task's register tiles (:func:`tile_reduction`): the tiles
-    configured once before it and released after it (``ldtilecfg`` costs hundreds of
-    cycles), each iteration's nest rewritten (:func:`_tile_nest`), what follows the nest in
-    the loop's body (the tile's write-back) kept."""
+    """The marked loop over a task's register tiles (:func:`tile_reduction`) with each
+    iteration's nest rewritten (:func:`_tile_nest`) and what follows the nest in the loop's
+    body (the tile's write-back) kept; and the tile shapes it uses."""
     import tvm
-    from tvm import s_tir, tirx
+    from tvm import tirx
 
     body = loop.body
     parts = list(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else [body]
     nest = _take_apart(parts[0], int(loop.annotations[ANNOTATION]))
     tiles, shapes = _tile_nest(nest)
     new_body = tirx.SeqStmt([tiles, *parts[1:]]) if len(parts) > 1 else tiles
-    annotations = {k: v for k, v in loop.annotations.items() if k != ANNOTATION}
-    new = tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, new_body,
-                   loop.thread_binding, annotations, loop.step)
-    cfg = tirx.decl_buffer((64,), "uint8", name="amx_config", scope="local")
-    configure = s_tir.SBlockRealize([], True, s_tir.SBlock(
-        [], [], [], "amx_configure", tirx.SeqStmt([
-            _config(cfg, shapes), _intrin("llvm.x86.ldtilecfg", tirx.address_of(cfg[0]))]),
-        alloc_buffers=[cfg]))
-    return tirx.SeqStmt([configure, new, _intrin("llvm.x86.tilerelease")])
+    loop = _unmarked(loop, ANNOTATION)
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, new_body,
+                    loop.thread_binding, loop.annotations, loop.step), shapes
 
 
 def _tile_nest(nest: _Nest):

@@ -216,7 +216,7 @@ def amx_tiles(sch, workload, block, single_phase: bool) -> bool | None:
     if ins is None:
         return None
     b, cx1, qh, qw, cx0 = tb.split_loops(sch, block)[0]
-    t = amx.tile_reduction(sch, block, qw, cx0, cx1, [b, cx1, qh])
+    t = amx.tile_reduction(sch, block, qw, cx0, cx1, [b, cx1, qh], workload.target.cores)
     workload.note(sch.get(block).name_hint, RULE,
                   f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {t.mt}x{t.nt} accumulator tiles of "
                   f"{t.rows} Wq positions x 16 lanes, the whole reduction under them")
