@@ -21,6 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 
 # Bits of one element, for lanes(); an unknown dtype counts as 32 bits.
+# cycles between two tile products on one core's AMX unit (Sapphire Rapids: 16 rows of a
+# 16 x 16 tile; the bound flops_per_cycle holds AMX roofs to)
+AMX_TILE_CYCLES = 16
 DTYPE_BITS = {"int8": 8, "uint8": 8, "int16": 16, "float16": 16, "bfloat16": 16,
               "int32": 32, "float32": 32, "int64": 64, "float64": 64}
 
@@ -131,7 +134,9 @@ class CpuTarget:
         Intel cores two): an SSE2-only target runs on all of them, so the bound takes the
         widest. ``bfloat16``:
         ``vdpbf16ps`` does two multiply-adds per fp32 lane (x2 of fp32), ``int8``:
-        ``vpdpbusd`` four per int32 lane (x4), both bounded as if issued on every FMA pipe.
+        ``vpdpbusd`` four per int32 lane (x4), both bounded as if issued on every FMA pipe;
+        with AMX the tile unit's instead: a ``tdpbf16ps`` (16 x 16 x 32 multiply-adds) or
+        ``tdpbusd`` (16 x 16 x 64) issues every 16 cycles (:data:`AMX_TILE_CYCLES`).
         0 where the ISA has no such instruction.
         """
         lanes32 = (self.fma_bits if self.fma_units else self.vector_bits) // 32
@@ -139,8 +144,12 @@ class CpuTarget:
         if dtype == "float32":
             return fp32
         if dtype == "bfloat16":
+            if self.has("amx_tile", "amx_bf16"):
+                return 16 * 16 * 32 * 2 // AMX_TILE_CYCLES
             return 2 * fp32 if self.has("avx512_bf16") else 0
         if dtype == "int8":
+            if self.has("amx_tile", "amx_int8"):
+                return 16 * 16 * 64 * 2 // AMX_TILE_CYCLES
             return 4 * fp32 if self.isa & {"avx512_vnni", "avx_vnni"} else 0
         raise ValueError(f"no roof for dtype {dtype!r}: float32, bfloat16 or int8")
 

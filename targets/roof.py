@@ -16,9 +16,13 @@ FMA pipes x lanes x 2 per cycle) is impossible and refused with :class:`RoofErro
 
 Kinds: ``float32`` (``vfmadd231ps``; ``mulps`` + ``addps`` on SSE2), ``bfloat16``
 (``vdpbf16ps``: 4 FLOP per fp32 lane) and ``int8`` (``vpdpbusd``: 8 ops per int32 lane),
-each where the ISA has it. Results are cached as JSON under ``$DSL_CACHE_DIR/roof`` (else
-``$XDG_CACHE_HOME/dsl/roof`` or ``~/.cache/dsl/roof``), keyed by LLVM's host CPU name, the
-CPU flags and the core count. :func:`mca_predict` asks ``llvm-mca`` what it expects of a loop.
+each where the ISA has it; on a core with AMX the bfloat16 and int8 roofs are the tile
+unit's (``tdpbf16ps`` / ``tdpbusd`` into 4 accumulator tiles from 4 loaded ones: 16384 and
+32768 operations each), as the kernels run there. Results are cached as JSON under
+``$DSL_CACHE_DIR/roof`` (else ``$XDG_CACHE_HOME/dsl/roof`` or ``~/.cache/dsl/roof``), keyed
+by LLVM's host CPU name, the CPU flags and the core count; an entry measured with another
+instruction than :func:`loop_isa` now picks is measured again. :func:`mca_predict` asks
+``llvm-mca`` what it expects of a loop.
 
 The same file caches the memory bandwidth (:func:`measured_bandwidth`, measured by
 :mod:`targets.bandwidth` with TVM kernels), the roof of the memory-bound benchmark rows.
@@ -61,18 +65,23 @@ class Loop:
     mnemonic: str
 
 
-# isa: (register prefix, lanes of 32 bits, accumulators, first source register)
-_ISA = {"sse": ("xmm", 4, 12, 14), "avx2": ("ymm", 8, 12, 14), "avx512": ("zmm", 16, 24, 30)}
+# isa: (register prefix, lanes of 32 bits, accumulators, first source register); an AMX
+# "lane" is one 32-bit element of a 16 x 16 accumulator tile
+_ISA = {"sse": ("xmm", 4, 12, 14), "avx2": ("ymm", 8, 12, 14), "avx512": ("zmm", 16, 24, 30),
+        "amx": ("tmm", 256, 4, 4)}
 # (isa, dtype): (mnemonic, operations per 32-bit lane per instruction)
 _OPS = {("sse", "float32"): ("mulps/addps", 1), ("avx2", "float32"): ("vfmadd231ps", 2),
         ("avx512", "float32"): ("vfmadd231ps", 2), ("avx512", "bfloat16"): ("vdpbf16ps", 4),
-        ("avx512", "int8"): ("vpdpbusd", 8), ("avx2", "int8"): ("{vex} vpdpbusd", 8)}
+        ("avx512", "int8"): ("vpdpbusd", 8), ("avx2", "int8"): ("{vex} vpdpbusd", 8),
+        ("amx", "bfloat16"): ("tdpbf16ps", 64), ("amx", "int8"): ("tdpbusd", 128)}
 
 
 def loop_isa(target: CpuTarget, dtype: str = "float32") -> str | None:
     """Which loop measures ``dtype`` on ``target`` (None: the ISA has no such instruction)."""
     if target.flops_per_cycle(dtype) == 0:
         return None
+    if dtype != "float32" and target.has("amx_tile", AMX_FEATURE[dtype]):
+        return "amx"
     if target.vector_bits >= 512 and target.has("avx512f"):
         isa = "avx512"
     else:
@@ -82,11 +91,17 @@ def loop_isa(target: CpuTarget, dtype: str = "float32") -> str | None:
     return isa if (isa, dtype) in _OPS else None
 
 
+AMX_FEATURE = {"bfloat16": "amx_bf16", "int8": "amx_int8"}
+
+
 def make_loop(isa: str, dtype: str = "float32") -> Loop:
     """The roof loop body for ``isa`` and ``dtype`` (see :data:`_ISA`, :data:`_OPS`)."""
     reg, lanes, nacc, src = _ISA[isa]
     mnemonic, ops = _OPS[(isa, dtype)]
-    if isa == "sse":  # no FMA: half the chains multiply, half add (one pipe each)
+    if isa == "amx":  # accumulator tile (m, n) from A tile 4 + m and B tile 6 + n
+        body = tuple(f"{mnemonic} %tmm{6 + i % 2}, %tmm{4 + i // 2}, %tmm{i}"
+                     for i in range(nacc))
+    elif isa == "sse":  # no FMA: half the chains multiply, half add (one pipe each)
         body = tuple(f"{'mulps' if i < nacc // 2 else 'addps'} %{reg}{src + (i >= nacc // 2)}, "
                      f"%{reg}{i}" for i in range(nacc))
     else:
@@ -101,6 +116,8 @@ _C_TEMPLATE = r"""
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/syscall.h>
 
 static double now(void) {
   struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec;
@@ -108,6 +125,12 @@ static double now(void) {
 static double cpu_now(void) {  /* this thread's CPU time: time preempted does not count */
   struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
   return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+static unsigned char amx_cfg[64] __attribute__((aligned(64), used));  /* read by asm */
+static void amx_setup(void) {  /* Linux lends the tile state on request (arch_prctl) */
+  syscall(SYS_arch_prctl, 0x1023, 18);
+  amx_cfg[0] = 1;
+  for (int t = 0; t < 8; t++) { amx_cfg[16 + 2 * t] = 64; amx_cfg[48 + t] = 16; }
 }
 void roof_loop(long n) {
   __asm__ volatile(@ZERO@ "1:\n\t" @BODY@ "dec %0\n\tjnz 1b\n\t" @END@
@@ -142,6 +165,7 @@ static void *worker(void *arg) {
 }
 int main(int argc, char **argv) {
   double seconds = atof(argv[1]); reps = atoi(argv[2]); int threads = argc - 3;
+  @SETUP@
   cpu_set_t set; CPU_ZERO(&set); CPU_SET(atoi(argv[3]), &set);
   sched_setaffinity(0, sizeof set, &set);
   long n = 1000; double t = 0;
@@ -170,15 +194,21 @@ def c_source(loop: Loop) -> str:
     """The measuring program for ``loop`` (C with the loop as inline assembly)."""
     reg, _, nacc, src = _ISA[loop.isa]
     used = [*range(nacc), src, src + 1]
-    zero = {"sse": "pxor %%xmm{0}, %%xmm{0}", "avx2": "vpxor %%xmm{0}, %%xmm{0}, %%xmm{0}",
-            "avx512": "vpxord %%zmm{0}, %%zmm{0}, %%zmm{0}"}[loop.isa]
-    zeros = "".join(f'"{zero.format(i)}\\n\\t" ' for i in used)
     body = "".join(f'"{ins.replace("%", "%%")}\\n\\t" ' for ins in loop.body)
-    clobber = "".join(f'"xmm{i}", ' for i in used)
-    end = '"vzeroupper\\n\\t"' if loop.isa != "sse" else ""
+    if loop.isa == "amx":  # every tile 16 x 64 bytes, zeroed; released after
+        zeros = '"ldtilecfg amx_cfg(%%rip)\\n\\t" ' + "".join(
+            f'"tilezero %%tmm{i}\\n\\t" ' for i in range(8))
+        clobber, end = "", '"tilerelease\\n\\t"'
+    else:
+        zero = {"sse": "pxor %%xmm{0}, %%xmm{0}", "avx2": "vpxor %%xmm{0}, %%xmm{0}, %%xmm{0}",
+                "avx512": "vpxord %%zmm{0}, %%zmm{0}, %%zmm{0}"}[loop.isa]
+        zeros = "".join(f'"{zero.format(i)}\\n\\t" ' for i in used)
+        clobber = "".join(f'"xmm{i}", ' for i in used)
+        end = '"vzeroupper\\n\\t"' if loop.isa != "sse" else ""
     adds = "".join('"add %[one], %[x]\\n\\t" ' for _ in range(CLOCK_ADDS))
     subs = {"@ZERO@": zeros, "@BODY@": body, "@END@": end, "@CLOBBER@": clobber,
-            "@ADDS@": adds, "@NADD@": str(CLOCK_ADDS)}
+            "@ADDS@": adds, "@NADD@": str(CLOCK_ADDS),
+            "@SETUP@": "amx_setup();" if loop.isa == "amx" else ""}
     text = _C_TEMPLATE
     for key, value in subs.items():
         text = text.replace(key, value)
@@ -367,9 +397,12 @@ def cached(dtype: str = "float32", threads: int | None = None) -> Roof | None:
     threads = threads or targets.machine_cores()
     entry = _read_cache(cache_file()).get(f"{dtype}/{threads}")
     try:
-        return Roof(**{**entry, "cpus": tuple(entry["cpus"])}) if entry else None
+        hit = Roof(**{**entry, "cpus": tuple(entry["cpus"])}) if entry else None
     except (TypeError, KeyError):
         return None  # an entry from another version of this module: measure again
+    if hit is not None and hit.isa != loop_isa(targets.get("host"), dtype):
+        return None  # measured with another instruction (bfloat16 before AMX counted)
+    return hit
 
 
 def measured_peak(dtype: str = "float32", threads: int | None = None, *,

@@ -32,7 +32,8 @@ def test_bound_refuses_impossible_figures():
 
 @pytest.mark.parametrize("isa,dtype,nacc,flops", [
     ("sse", "float32", 12, 48), ("avx2", "float32", 12, 192), ("avx512", "float32", 24, 768),
-    ("avx512", "bfloat16", 24, 1536), ("avx512", "int8", 24, 3072), ("avx2", "int8", 12, 768)])
+    ("avx512", "bfloat16", 24, 1536), ("avx512", "int8", 24, 3072), ("avx2", "int8", 12, 768),
+    ("amx", "bfloat16", 4, 4 * 16 * 16 * 32 * 2), ("amx", "int8", 4, 4 * 16 * 16 * 64 * 2)])
 def test_loop_has_independent_chains(isa, dtype, nacc, flops):
     loop = roof.make_loop(isa, dtype)
     dests = [ins.rsplit(",", 1)[1].strip() for ins in loop.body]
@@ -49,6 +50,34 @@ def test_loop_choice_follows_the_isa():
     assert roof.loop_isa(get("skylake-avx512"), "bfloat16") is None
     vnni_ymm = dataclasses.replace(get("x86-avx2"), isa=get("x86-avx2").isa | {"avx_vnni"})
     assert roof.loop_isa(vnni_ymm, "int8") == "avx2"
+    # with AMX the bf16 and int8 roofs are the tile unit's, fp32 stays on the FMA pipes
+    spr = get("sapphirerapids")
+    assert roof.loop_isa(spr, "bfloat16") == roof.loop_isa(spr, "int8") == "amx"
+    assert roof.loop_isa(spr) == "avx512"
+    assert spr.flops_per_cycle("bfloat16") == 16 * 16 * 32 * 2 // 16
+    assert spr.flops_per_cycle("int8") == 2 * spr.flops_per_cycle("bfloat16")
+    no_amx = dataclasses.replace(spr, isa=spr.isa - {"amx_tile"})
+    assert roof.loop_isa(no_amx, "bfloat16") == "avx512"
+    assert no_amx.flops_per_cycle("bfloat16") == 2 * no_amx.flops_per_cycle()
+
+
+def test_amx_loop_source_asks_for_the_tiles():
+    """The AMX program requests the tile state from Linux, configures every tile and
+    releases them after the loop (else the first tile instruction faults)."""
+    text = roof.c_source(roof.make_loop("amx", "bfloat16"))
+    assert "arch_prctl" in text and "amx_setup();" in text
+    assert "ldtilecfg" in text and "tilerelease" in text and text.count("tdpbf16ps") == 4
+    assert "amx_setup();" not in roof.c_source(roof.make_loop("avx512", "bfloat16"))
+
+
+@needs_cc
+def test_amx_roof_runs_where_the_host_has_tiles():
+    host = targets.get("host")
+    if roof.loop_isa(host, "bfloat16") != "amx":
+        pytest.skip("this machine has no AMX")
+    r = roof.measure("bfloat16", 1, seconds=0.02, reps=2)
+    assert r.isa == "amx" and r.mnemonic == "tdpbf16ps" and r.chains == 4
+    assert 0 < r.gflops <= r.bound_gflops * (1 + roof.TOLERANCE)
 
 
 def test_disassembly_check_refuses_merged_or_spilled_chains():
@@ -210,3 +239,16 @@ def test_bench_rows_get_percent_of_roof(monkeypatch, capsys):
     rows[0].pop("roof_pct")
     runner.add_roof(rows, 2)
     assert "roof_pct" not in rows[0] and "unavailable" in capsys.readouterr().out
+
+
+def test_cache_refuses_an_entry_of_another_instruction(tmp_path, monkeypatch):
+    """A roof measured with another instruction than the one the host's kernels now use (the
+    bfloat16 roof before AMX counted) is not served."""
+    monkeypatch.setenv("DSL_CACHE_DIR", str(tmp_path))
+    fake = roof.Roof("float32", 1, (0,), "avx512", "vfmadd231ps", 24, 10.0, 10.0, 1.0, 64, 64.0,
+                     10.0, 1.0, 0.1, 1, "x")
+    host_isa = roof.loop_isa(targets.get("host"))
+    roof._store({"float32/1": {**dataclasses.asdict(fake), "isa": host_isa}})
+    assert roof.cached("float32", 1).isa == host_isa
+    roof._store({"float32/1": {**dataclasses.asdict(fake), "isa": "not-" + host_isa}})
+    assert roof.cached("float32", 1) is None

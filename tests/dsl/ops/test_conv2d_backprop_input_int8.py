@@ -122,6 +122,9 @@ DOT_CASES = [
     (C(1, 16, 40, 9, 10, 3, 2, (1, 0, 0, 1), 1, 1), (5,)),            # stride 2, asym pad
     (C(1, 40, 24, 13, 12, (3, 2), (3, 2), (2, 1, 0, 2), 2, 1), (-7,)),  # stride 3, dil 2
     (C(2, 33, 17, 11, 9, 1, 1, (0, 0, 0, 0), 1, 1), (0, 3)),          # 1x1, prime sizes
+    # where the host has AMX (tdpbusd tiles): 2 x 2 accumulator tiles of 16 rows, a prime row
+    (C(2, 64, 40, 5, 32, 3, 1, (1, 1, 1, 1), 1, 1), (0, 9)),
+    (C(1, 32, 33, 7, 13, 3, 1, (1, 1, 1, 1), 1, 1), (-3,)),
 ]
 DOT_PARAMS = [(c, off) for c, offs in DOT_CASES for off in offs]
 

@@ -1,0 +1,121 @@
+"""AMX tiles for the dot-product dx (``schedules/amx.py``): the tile plan, the rewritten
+kernel's structure for an AMX target (built anywhere, not run), and results against the
+float64 reference where this machine has AMX."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import dsl
+import targets
+from dsl.ops.group import GroupLayout
+from dsl.runtime.build import lower
+from schedules import amx
+
+from cases import C
+from helpers import (
+    assert_close,
+    case_id,
+    dx_data,
+    dx_kernel,
+    nc1hwc0_to_nchw,
+    nchw_to_5hd,
+    out_hw,
+    para,
+    weight_to_fracz,
+)
+from reference import conv2d_backprop_input as ref_dx
+
+SPR = targets.get("sapphirerapids")
+HOST_HAS_AMX = targets.get("host").has("amx_tile", "amx_bf16", "amx_int8")
+
+
+@pytest.mark.parametrize("extent, rows, mt", [
+    (56, 14, 2), (28, 14, 2), (14, 14, 1), (32, 16, 2), (16, 16, 1), (48, 16, 1),
+    (13, 13, 1), (7, 7, 1), (1, 1, 1), (34, 2, 1),  # 34 = 2 x 17: 17 rows would not fit
+])
+def test_tile_rows(extent, rows, mt):
+    assert amx.tile_rows(extent) == (rows, mt)
+
+
+@pytest.mark.parametrize("tasks, cores, chunks", [
+    (448, 2, 2), (448, 16, 16), (448, 48, 448), (56, 48, 56), (7, 2, 7), (12, 3, 3),
+    (1, 1, 1), (6, 1, 1),
+])
+def test_core_chunks(tasks, cores, chunks):
+    assert amx.core_chunks(tasks, cores) == chunks
+
+
+def _lowered(c, dtype, tgt, offset_x=0):
+    """The lowered TIR of case ``c``'s dx in ``dtype`` laid out and scheduled for ``tgt``."""
+    from tvm import te
+
+    ho, wo = out_hw(c)
+    w_sizes = (c["cout"], c["cin"], c["kh"], c["kw"])
+    c0 = 32 if dtype == "int8" else 16
+    lay = (dsl.layout.Int8DxLayout if dtype == "int8" else GroupLayout).from_weight(w_sizes, 1)
+    with targets.use(tgt):
+        fz = te.placeholder(lay.fracz_shape, name="filters", dtype=dtype)
+        dy = te.placeholder((c["n"], -(-c["cout"] // c0), ho, wo, c0), name="out_backprop",
+                            dtype=dtype)
+        res = "int32" if dtype == "int8" else "float32"
+        extra = {"offset_x": offset_x} if dtype == "int8" else {}
+        dx = dsl.conv2d_backprop_input(fz, dy, w_sizes, (c["n"], c["cin"], c["h"], c["w"]),
+                                       {**para(c, res_dtype=res), **extra})
+        sch = dsl.auto_schedule(dx, target=tgt)
+    return str(dsl.explain(sch)), lower(sch, "k", [fz, dy, dx]).script()
+
+
+@pytest.mark.parametrize("dtype, instr", [("bfloat16", "tdpbf16ps"), ("int8", "tdpbusd")])
+def test_an_amx_target_gets_tile_products(dtype, instr):
+    """One phase of 32 positions and 4 C1x blocks: 2 x 2 accumulator tiles of 16 rows, the
+    tiles configured once per chunk of tasks (2 cores: 2 chunks), released after, and the
+    tile state requested from Linux before anything; bf16 dx written from the tiles."""
+    c = C(2, 64, 48, 6, 32, 3, 1, (1, 1, 1, 1), 1, 1)
+    note, script = _lowered(c, dtype, dataclasses.replace(SPR, cores=2))
+    assert f"AMX {instr}: 2x2 accumulator tiles of 16 Wq positions" in note
+    # int8's dx also reads the weight sums, which TVM's reverse_compute_inline refuses
+    assert ("written from the register tile" in note) == (dtype == "bfloat16")
+    assert script.count(f"llvm.x86.{instr}") == 4
+    assert script.count("llvm.x86.ldtilecfg") == 1 and script.count("tilerelease") == 1
+    assert script.index('"syscall"') < script.index("ldtilecfg")
+    assert "T.parallel(2)" in script
+
+
+def test_strided_phases_each_get_tiles():
+    c = C(1, 32, 48, 9, 10, 3, 2, (1, 0, 0, 1), 1, 1)
+    note, script = _lowered(c, "bfloat16", SPR)
+    assert note.count("AMX tdpbf16ps") == 4 and script.count("ldtilecfg") == 4
+
+
+@pytest.mark.parametrize("tgt", ["znver4", "skylake-avx512", "x86-avx2"])
+def test_a_target_without_amx_gets_no_tiles(tgt):
+    c = C(1, 32, 32, 6, 16, 3, 1, (1, 1, 1, 1), 1, 1)
+    note, script = _lowered(c, "bfloat16", targets.get(tgt))
+    assert "AMX" not in note and "llvm.x86.t" not in script and "syscall" not in script
+
+
+# mt x nt tiles 2 x 2 with batch 2 and Cout not a multiple of 16; a prime row (13 rows); stride
+# 2 with asymmetric padding (phases of 5 and 4 rows); dilation 2 with 3x2 taps; a 1x1 layer
+# (dy read in place) with 3 C1x blocks (one accumulator tile along n)
+AMX_CASES = [
+    C(2, 64, 40, 5, 32, 3, 1, (1, 1, 1, 1), 1, 1),
+    C(1, 32, 33, 7, 13, 3, 1, (1, 1, 1, 1), 1, 1),
+    C(1, 32, 48, 9, 10, 3, 2, (1, 0, 0, 1), 1, 1),
+    C(2, 32, 32, 11, 14, (3, 2), 1, (2, 1, 0, 2), 2, 1),
+    C(3, 48, 64, 7, 7, 1, 1, (0, 0, 0, 0), 1, 1),
+]
+
+
+@pytest.mark.skipif(not HOST_HAS_AMX, reason="this machine has no AMX")
+@pytest.mark.parametrize("c", AMX_CASES, ids=case_id)
+@pytest.mark.parametrize("res_dtype", ["float32", "bfloat16"])
+def test_bfloat16_dx_through_tiles(c, res_dtype):
+    dy, w = dx_data(c, "bfloat16")
+    out5 = dx_kernel(c, "bfloat16", res_dtype)(weight_to_fracz(w, 1), nchw_to_5hd(dy))
+    ref = ref_dx(dy.astype(np.float64), w.astype(np.float64), (c["n"], c["cin"], c["h"], c["w"]),
+                 c["stride"], c["pads"], c["dil"], 1)
+    out = nc1hwc0_to_nchw(out5, c["cin"]).astype(np.float64)
+    # fp32 accumulation of exact bf16 products: fp32 accuracy before the result's rounding
+    assert_close(out, ref, "float32" if res_dtype == "float32" else "bfloat16", case_id(c))
