@@ -34,6 +34,7 @@ CONFIGURE = "dsl.amx_configure"  # on the loop whose body configures the tiles o
 ROWS = 16  # rows of a tile register
 ROW_BYTES = 64  # bytes of a tile row
 C_TILES = 4  # accumulator tiles of one register tile (the other four hold A and B)
+K_GROUPS = 16  # dot groups in a 64-byte tile row: 16 bf16 pairs, 16 int8 quads
 
 # Linux x86-64: arch_prctl's syscall number, ARCH_REQ_XCOMP_PERM and XFEATURE_XTILEDATA
 _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
@@ -58,9 +59,10 @@ INSTRUCTIONS = {
 
 def instruction(sch, block, target) -> Instruction | None:
     """The tile product ``block`` can use on ``target``, or None: the target must have the
-    feature (and tiles), the block must read ``A`` then ``B`` in the instruction's dtypes
-    into ``C``, and its last two reduction axes must be the instruction's ``K`` in groups of
-    ``dot`` (the layout the dot-product stages already give: :mod:`schedules.intrinsics`)."""
+    feature (and tiles), the block must read ``A`` and ``B`` in the instruction's dtypes
+    into ``C``, and its last reduction axis must be the instruction's ``dot`` (the layout the
+    dot-product stages already give: :mod:`schedules.intrinsics`); the axis before it is
+    ``K``, at most :data:`K_GROUPS` per tile row (the caller splits a longer one)."""
     blk = sch.get(block)
     out = blk.writes[0].source
     reads = [r.source for r in blk.reads if r.source.name != out.name]
@@ -72,8 +74,7 @@ def instruction(sch, block, target) -> Instruction | None:
     k, d = blk.iter_vars[-2:]
     if int(k.iter_type) != 2 or int(d.iter_type) != 2 or int(d.dom.extent) != ins.dot:
         return None
-    k_bytes = int(k.dom.extent) * ins.dot * reads[0].dtype.bits // 8
-    return ins if k_bytes <= ROW_BYTES else None
+    return ins
 
 
 def tile_rows(extent: int) -> tuple[int, int]:
@@ -295,7 +296,10 @@ def _operands(nest: _Nest):
         idx = [_subst(i, bind) for i in idx]
         coef = _coefficients(_flat(buf, idx), loop_vars)
         out.append(_Operand(buf, idx, dict(zip(names, coef))))
-    return out, blk.init is not None
+    c, a, b = out
+    if a.step["lanes"] and not b.step["lanes"]:  # A is the operand the lanes do not move
+        a, b = b, a
+    return [c, a, b], blk.init is not None
 
 
 def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
@@ -304,10 +308,13 @@ def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
     ext = {"k": int(nest.k.extent), "dot": int(nest.dot.extent)}
     want = [(c, "lanes", 1), (c, "k", 0), (c, "dot", 0),
             (a, "dot", 1), (a, "k", ins.dot), (a, "lanes", 0), (a, "n", 0),
-            (b, "dot", 1), (b, "lanes", ins.dot), (b, "k", ROW_BYTES * 8 // b.buffer.dtype.bits),
-            (b, "rows", 0), (b, "m", 0)]
+            (b, "dot", 1), (b, "lanes", ins.dot), (b, "rows", 0), (b, "m", 0)]
     bad = [(op.buffer.name, role, op.step[role], step) for op, role, step in want
            if op.step[role] != step]
+    # B's rows (one per k) may lie any distance apart: tileloadd takes the stride
+    bad += [(b.buffer.name, "k", b.step["k"], "> 0")] if b.step["k"] <= 0 else []
+    k_bytes = ext["k"] * ins.dot * a.buffer.dtype.bits // 8
+    bad += [(a.buffer.name, "k", k_bytes, f"<= {ROW_BYTES} bytes")] if k_bytes > ROW_BYTES else []
     if bad or ext["dot"] != ins.dot or int(nest.lanes.extent) != ROW_BYTES // 4:
         raise RuntimeError(f"{ANNOTATION}: the operands' layout does not fit the tiles "
                            f"(buffer, loop, step, wanted): {bad}")

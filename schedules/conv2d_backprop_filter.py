@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import schedules
 from dsl.ops import tag
+from schedules import amx
 from schedules.fallback import schedule_fallbacks
 from schedules.intrinsics import dot_intrinsic
 from schedules.toolbox import (
@@ -34,6 +35,7 @@ from schedules.toolbox import (
     elementwise_c0,
     extent,
     extents,
+    largest_divisor,
     parallel_outer,
     register_tile,
     sharing_choice,
@@ -256,6 +258,25 @@ def schedule_acc(sch, block, target, grouped: bool, params: dict) -> str:
     return f"N*Ho rows in {chunks} rfactor chunks" + (f" of {hs}-row chunks" if hs else "")
 
 
+def amx_tiles(sch, block, target) -> str | None:
+    """AMX tiles for a bfloat16 pair reduction ``dw_acc [C1x, KH, KW, CO, 16]`` over ``(n, ho,
+    wo2, pair)`` where the target has them (:mod:`schedules.amx`): Cout as tile rows (A: dy
+    pairs, a row per channel), C1x blocks as the tiles' 16 lanes (B: x pairs, a row per Wo
+    pair), Wo pairs as the tile product's ``K`` in rows of up to 16, every position under the
+    tile; the (C1x tiles, KH, KW) tasks across cores. None (nothing done) where the
+    instruction does not apply, else the note."""
+    ins = amx.instruction(sch, block, target)
+    spatial, red = split_loops(sch, block)
+    if ins is None or len(spatial) != 5 or len(red) != 4:
+        return None
+    cx1, kh, kw, co, cx0 = spatial
+    k = largest_divisor(extent(sch, red[2]), amx.K_GROUPS)
+    sch.split(red[2], [None, k])
+    t = amx.tile_reduction(sch, block, co, cx0, cx1, [cx1, kh, kw], target.cores)
+    return (f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {t.mt}x{t.nt} accumulator tiles of "
+            f"{t.rows} Cout x 16 lanes, Wo pairs {k} per tile row, every position under them")
+
+
 @schedules.register(tag.CONV2D_BACKPROP_FILTER, "x86")
 def schedule_dw_x86(sch, workload) -> None:
     target = workload.target
@@ -263,6 +284,10 @@ def schedule_dw_x86(sch, workload) -> None:
     params = json.loads(workload.attrs.get("dsl_params", "{}"))
     for acc in workload.find_all(sch, tag.DW_ACC):
         name = sch.get(acc).name_hint  # before decompose_reduction renames it
+        tiles = amx_tiles(sch, acc, target)
+        if tiles is not None:
+            workload.note(name, RULE, tiles)
+            continue
         done = schedule_acc(sch, acc, target, grouped, params)
         workload.note(name, RULE, ("C x KW x KH" if grouped else "C1 x C") + " tile of C0 lanes"
                       + (f", {done}" if done else ""))

@@ -213,9 +213,10 @@ def amx_tiles(sch, workload, block, single_phase: bool) -> bool | None:
     (nothing done) where the instruction does not apply, else whether dx was written from
     the tiles."""
     ins = amx.instruction(sch, block, workload.target)
-    if ins is None:
+    spatial, red = tb.split_loops(sch, block)
+    if ins is None or tb.extent(sch, red[-2]) > amx.K_GROUPS:
         return None
-    b, cx1, qh, qw, cx0 = tb.split_loops(sch, block)[0]
+    b, cx1, qh, qw, cx0 = spatial
     t = amx.tile_reduction(sch, block, qw, cx0, cx1, [b, cx1, qh], workload.target.cores)
     workload.note(sch.get(block).name_hint, RULE,
                   f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {t.mt}x{t.nt} accumulator tiles of "

@@ -1,4 +1,4 @@
-"""AMX tiles for the dot-product dx (``schedules/amx.py``): the tile plan, the rewritten
+"""AMX tiles for the dot-product dx and dw (``schedules/amx.py``): the tile plan, the rewritten
 kernel's structure for an AMX target (built anywhere, not run), and results against the
 float64 reference where this machine has AMX."""
 
@@ -17,6 +17,8 @@ from cases import C
 from helpers import (
     assert_close,
     case_id,
+    dw_data,
+    dw_kernel,
     dx_data,
     dx_kernel,
     nc1hwc0_to_nchw,
@@ -25,6 +27,7 @@ from helpers import (
     para,
     weight_to_fracz,
 )
+from reference import conv2d_backprop_filter as ref_dw
 from reference import conv2d_backprop_input as ref_dx
 
 SPR = targets.get("sapphirerapids")
@@ -119,3 +122,54 @@ def test_bfloat16_dx_through_tiles(c, res_dtype):
     out = nc1hwc0_to_nchw(out5, c["cin"]).astype(np.float64)
     # fp32 accumulation of exact bf16 products: fp32 accuracy before the result's rounding
     assert_close(out, ref, "float32" if res_dtype == "float32" else "bfloat16", case_id(c))
+
+
+def _dw_note(c, tgt):
+    from tvm import te
+
+    ho, wo = out_hw(c)
+    with targets.use(tgt):
+        x = te.placeholder((c["n"], -(-c["cin"] // 16), c["h"], c["w"], 16), name="fmap",
+                           dtype="bfloat16")
+        dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop",
+                            dtype="bfloat16")
+        dw = dsl.conv2d_backprop_filter(x, dy, (c["cout"], c["cin"], c["kh"], c["kw"]),
+                                        para(c, res_dtype="float32"))
+        sch = dsl.auto_schedule(dw, target=tgt)
+    return str(dsl.explain(sch)), lower(sch, "k", [x, dy, dw]).script()
+
+
+def test_bfloat16_dw_gets_tiles_of_cout_rows():
+    """dw: Cout as tile rows (2 x 16), C1x blocks as lanes (2 tiles), the 28 Wo pairs of a
+    row in tile rows of 14 (the largest divisor up to 16)."""
+    c = C(1, 32, 64, 8, 56, 3, 1, (1, 1, 1, 1), 1, 1)
+    note, script = _dw_note(c, dataclasses.replace(SPR, cores=2))
+    assert "AMX tdpbf16ps: 2x2 accumulator tiles of 16 Cout x 16 lanes, Wo pairs 14" in note
+    assert script.count("llvm.x86.tdpbf16ps") == 4
+    note, script = _dw_note(c, targets.get("znver4"))
+    assert "AMX" not in note and "tdpbf16ps" not in script
+
+
+# dense dw through tiles: batch 2 with 2 x 2 tiles; stride 2, asymmetric padding, odd Cout (a
+# partial tile of rows), odd Wo (the pair past it is zero); dilation 2 with 3x2 taps; 1x1
+AMX_DW_CASES = [
+    C(2, 32, 64, 6, 32, 3, 1, (1, 1, 1, 1), 1, 1),
+    C(1, 16, 33, 9, 11, 3, 2, (1, 0, 0, 1), 1, 1),
+    C(2, 32, 32, 11, 14, (3, 2), 1, (2, 1, 0, 2), 2, 1),
+    C(3, 48, 16, 7, 7, 1, 1, (0, 0, 0, 0), 1, 1),
+]
+
+
+@pytest.mark.skipif(not HOST_HAS_AMX, reason="this machine has no AMX")
+@pytest.mark.parametrize("c", AMX_DW_CASES, ids=case_id)
+def test_bfloat16_dw_through_tiles(c):
+    from dsl.ops.layout import fracz_to_weight
+
+    x, dy = dw_data(c, "bfloat16")
+    out = dw_kernel(c, "bfloat16", "float32")(nchw_to_5hd(x), nchw_to_5hd(dy))
+    w_shape = (c["cout"], c["cin"], c["kh"], c["kw"])
+    ref = ref_dw(x.astype(np.float64), dy.astype(np.float64), w_shape, c["stride"], c["pads"],
+                 c["dil"], 1)
+    mask = weight_to_fracz(np.ones(w_shape, np.float32), 1) != 0
+    assert not out[~mask].any(), "pad positions must be exactly zero"
+    assert_close(fracz_to_weight(out, w_shape, 1).astype(np.float64), ref, "float32", case_id(c))
