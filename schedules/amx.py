@@ -143,7 +143,7 @@ def lower_tiles(func):
     """``func`` with each nest marked by :func:`tile_reduction` rewritten into tile
     instructions (see the module docstring), and the tile permission requested first;
     ``func`` itself when nothing is marked."""
-    from dsl.runtime.run_if import rebuild
+    from schedules.rewrite import rebuild
 
     def configure(loop):
         if CONFIGURE not in loop.annotations:
@@ -194,15 +194,14 @@ def _with_permission(body):
     import tvm
     from tvm import s_tir, tirx
 
+    from schedules.rewrite import with_block
+
     ask = tirx.Evaluate(tirx.call_extern("int64", "syscall", tirx.const(_SYS_ARCH_PRCTL, "int64"),
                                          tirx.const(_ARCH_REQ_XCOMP_PERM, "int64"),
                                          tirx.const(_XFEATURE_XTILEDATA, "int64")))
     if isinstance(body, s_tir.SBlockRealize):
-        blk = body.block
-        new = s_tir.SBlock(blk.iter_vars, blk.reads, blk.writes, blk.name_hint,
-                           tvm.tirx.SeqStmt([ask, blk.body]), blk.init, blk.alloc_buffers,
-                           blk.match_buffers, blk.annotations)
-        return s_tir.SBlockRealize(body.iter_values, body.predicate, new)
+        block = with_block(body.block, body=tvm.tirx.SeqStmt([ask, body.block.body]))
+        return s_tir.SBlockRealize(body.iter_values, body.predicate, block)
     return tvm.tirx.SeqStmt([ask, body])
 
 

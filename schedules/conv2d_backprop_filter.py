@@ -13,6 +13,10 @@ when the reduction's data does not fit the L2 cache, or the spatial axes are too
 every core busy (grouped, depthwise, stem layers), the ``N*Ho`` rows are split into parts by
 ``rfactor``: each task runs all taps over one part, in chunks of rows that fit half of L1d
 (:func:`part_rows`), writes a partial sum, and a small vectorised reduction adds the parts.
+
+On a target with AMX a bfloat16 pair reduction runs as ``tdpbf16ps`` tile products instead
+(:func:`amx_tiles`, :mod:`schedules.amx`): Cout as tile rows, 16 Cin lanes as columns, Wo
+pairs as each product's depth.
 """
 
 from __future__ import annotations

@@ -19,6 +19,10 @@ reduction runs in Cout chunks whose panel fits (:func:`chunk_blocks`): a task ta
 the tiles' partial sums in the task's ``local`` block between chunks, and the weight stage
 is laid out as one contiguous panel per chunk (:func:`weight_panels`). The sizes come from
 the target's L1d, L2 and cores.
+
+On a target with AMX a bfloat16 or int8 dot-product phase runs as tile products instead
+(:func:`amx_tiles`, :mod:`schedules.amx`): Wq positions are a tile's rows, 16 dx lanes its
+columns, every reduction step one ``tdpbf16ps`` / ``tdpbusd`` per accumulator tile.
 """
 
 from __future__ import annotations

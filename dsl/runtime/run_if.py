@@ -27,6 +27,7 @@ no TIR mutator in Python, hence these small rewrites of the root block.
 from __future__ import annotations
 
 from dsl.ops.tag import EXACT_TWIN, RUN_IF
+from schedules.rewrite import rebuild, with_block
 
 
 def side_outputs_to_buffers(func, positions):
@@ -40,7 +41,7 @@ def side_outputs_to_buffers(func, positions):
     params = list(func.params)
     moved = [params[i] for i in sorted(drop)]
     root = func.body
-    block = _with_block(root.block, alloc_buffers=[*root.block.alloc_buffers, *moved])
+    block = with_block(root.block, alloc_buffers=[*root.block.alloc_buffers, *moved])
     body = tvm.s_tir.SBlockRealize(root.iter_values, root.predicate, block)
     keep = [p for i, p in enumerate(params) if i not in drop]
     return tvm.tirx.PrimFunc(keep, body, func.ret_type, func.attrs)
@@ -69,7 +70,7 @@ def guard_stages(func):
     if all(a.same_as(b) for a, b in zip(new, stmts)):
         return func
     body = tvm.tirx.SeqStmt(new) if len(new) > 1 else new[0]
-    block = _with_block(root.block, body=body)
+    block = with_block(root.block, body=body)
     return func.with_body(tvm.s_tir.SBlockRealize(root.iter_values, root.predicate, block))
 
 
@@ -95,7 +96,7 @@ def take_exact_twins(func):
         if not hits:
             return None
         wired.update(twin.name for _, _, twin, _ in hits)
-        return _with_block(
+        return with_block(
             block, body=tvm.tirx.SeqStmt([*(_copy_if(f, r, t, at) for r, at, t, f in hits),
                                           block.body]),
             reads=[*block.reads, *(tvm.ir.expr.TensorRegion(t, at.region, at.ty)
@@ -204,54 +205,6 @@ def _guarded(stmt, guards: dict, buffers: dict):
 
 def _buffers(blocks) -> dict:
     return {buf.name: buf for b in blocks for buf in b.alloc_buffers}
-
-
-def _with_block(b, **changes):
-    """A copy of SBlock ``b`` with ``changes`` (keyword fields of its constructor)."""
-    import tvm
-
-    fields = {"iter_vars": b.iter_vars, "reads": b.reads, "writes": b.writes,
-              "name_hint": b.name_hint, "body": b.body, "init": b.init,
-              "alloc_buffers": b.alloc_buffers, "match_buffers": b.match_buffers,
-              "annotations": b.annotations, **changes}
-    return tvm.s_tir.SBlock(**fields)
-
-
-def rebuild(stmt, visit, visit_loop=None):
-    """``stmt`` with every SBlock ``b`` replaced by ``visit(b)`` and, with ``visit_loop``,
-    every For ``f`` by ``visit_loop(f)`` before its body is visited (None keeps either), the
-    containers above a change rebuilt (the node kinds a scheduled s_tir function has)."""
-    import tvm
-
-    if visit_loop is not None and isinstance(stmt, tvm.tirx.For):
-        new = visit_loop(stmt)
-        if new is not None:
-            return new
-
-    if isinstance(stmt, tvm.s_tir.SBlockRealize):
-        block = rebuild(stmt.block, visit, visit_loop)
-        return stmt if block.same_as(stmt.block) else tvm.s_tir.SBlockRealize(
-            stmt.iter_values, stmt.predicate, block)
-    if isinstance(stmt, tvm.s_tir.SBlock):
-        body = rebuild(stmt.body, visit, visit_loop)
-        block = stmt if body.same_as(stmt.body) else _with_block(stmt, body=body)
-        return visit(block) or block
-    if isinstance(stmt, tvm.tirx.SeqStmt):
-        seq = [rebuild(s, visit, visit_loop) for s in stmt.seq]
-        return stmt if all(a.same_as(b) for a, b in zip(seq, stmt.seq)) else \
-            tvm.tirx.SeqStmt(seq)
-    if isinstance(stmt, tvm.tirx.For):
-        body = rebuild(stmt.body, visit, visit_loop)
-        return stmt if body.same_as(stmt.body) else tvm.tirx.For(
-            stmt.loop_var, stmt.min, stmt.extent, stmt.kind, body, stmt.thread_binding,
-            stmt.annotations, stmt.step)
-    if isinstance(stmt, tvm.tirx.IfThenElse):
-        then = rebuild(stmt.then_case, visit, visit_loop)
-        other = rebuild(stmt.else_case, visit, visit_loop) if stmt.else_case is not None else None
-        if then.same_as(stmt.then_case) and (other is None or other.same_as(stmt.else_case)):
-            return stmt
-        return tvm.tirx.IfThenElse(stmt.condition, then, other)
-    return stmt
 
 
 def _blocks(stmt) -> list:
