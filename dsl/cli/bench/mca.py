@@ -12,6 +12,7 @@ predicted: the time goes outside the inner loop (packing, loop order, the parall
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 
 from targets import mca
@@ -28,6 +29,9 @@ def capture():
         yield sink
     finally:
         bench.ASM_SINK = old
+
+
+_TILE_PRODUCT = re.compile(r"^\s*tdp\w+\s", re.M)
 
 
 def best_loop(asms) -> tuple[list[str], str | None]:
@@ -47,6 +51,10 @@ def row_report(asms, mcpu: str, gflops: float | None, threads: int, ghz: float |
     """``row["mca"]``: predicted and achieved FLOP per cycle per core of the hottest loop of
     ``asms`` (``prediction`` None with ``reason`` when llvm-mca cannot answer or there is no
     FMA loop); ``*_pct_bound``: each as a percentage of ``bound`` FLOP/cycle/core."""
+    if any(_TILE_PRODUCT.search(asm) for asm in asms):
+        return {"mcpu": mcpu, "prediction": None,
+                "reason": "AMX tile products (tdpbf16ps / tdpbusd), which llvm-mca does not "
+                          "model; the row's % of roof is against the AMX roof"}
     loop, src = best_loop(asms)
     if src is None:
         return {"mcpu": mcpu, "prediction": None, "reason": "no loop with FMA instructions"}

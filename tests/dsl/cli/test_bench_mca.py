@@ -128,3 +128,12 @@ def test_without_mca_nothing_is_captured(tiny_suite, tmp_path, capsys, monkeypat
                       "0.001", "--threads", "1"])
     out = capsys.readouterr().out
     assert rc == 0 and not called and " mca " not in out
+
+
+def test_a_kernel_with_tile_products_is_not_predicted():
+    """llvm-mca has no model of the AMX unit: a kernel whose assembly holds tile products gets
+    no prediction (its vector loops are not its hot loop), and says why."""
+    amx_asm = LOOP.replace("\tretq\n", "\ttdpbf16ps %tmm6, %tmm4, %tmm0\n\tretq\n")
+    rep = mca.row_report([amx_asm], "sapphirerapids", 500.0, 1, 2.5, 64)
+    assert rep["prediction"] is None and "AMX" in rep["reason"]
+    assert mca.row_report([LOOP], "znver3", 1.0, 1, 2.0, 32).get("reason") != rep["reason"]
