@@ -57,10 +57,13 @@ def test_every_target_has_sane_facts(name):
 def test_fma_issue_rates(name):
     t = targets.get(name)
     assert t.flops_per_cycle("float32") == FP32_PER_CYCLE[name]
-    assert t.flops_per_cycle("bfloat16") == (2 * FP32_PER_CYCLE[name] if t.has("avx512_bf16")
-                                             else 0)
-    vnni = t.has("avx512_vnni") or t.has("avx_vnni")
-    assert t.flops_per_cycle("int8") == (4 * FP32_PER_CYCLE[name] if vnni else 0)
+    if t.has("amx_tile"):  # the tile unit: a 16 x 16 x 32 (int8: x 64) product per 16 cycles
+        assert t.flops_per_cycle("bfloat16") == 1024 and t.flops_per_cycle("int8") == 2048
+    else:
+        assert t.flops_per_cycle("bfloat16") == (
+            2 * FP32_PER_CYCLE[name] if t.has("avx512_bf16") else 0)
+        vnni = t.has("avx512_vnni") or t.has("avx_vnni")
+        assert t.flops_per_cycle("int8") == (4 * FP32_PER_CYCLE[name] if vnni else 0)
     with pytest.raises(ValueError):
         t.flops_per_cycle("float64")
 
