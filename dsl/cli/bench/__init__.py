@@ -48,7 +48,8 @@ class Workload:
     """One benchmark row. ``kind`` is the column it reports ("dx", "dw", "pool_dx", ...).
 
     ``bytes`` (> 0 for a memory-bound row: the bytes one iteration must read and write at
-    least) makes the row report GB/s instead of GFLOP/s.
+    least) makes the row report GB/s instead of GFLOP/s. ``dtypes``: the ``bench --dtype``
+    values the row runs with (None: every one); the others leave it out.
     """
 
     suite: str
@@ -57,6 +58,7 @@ class Workload:
     flops: float
     setup: Callable[[], Prepared]
     bytes: float = 0.0
+    dtypes: tuple[str, ...] | None = None
 
 
 def rel_err(ours, expected) -> float:

@@ -226,4 +226,5 @@ def _dw(layer: Layer) -> Prepared:
 
 for _layer in LAYERS:
     register(Workload(SUITE, _layer.name, "dx", _layer.flops, lambda _l=_layer: _dx(_l)))
-    register(Workload(SUITE, _layer.name, "dw", _layer.flops, lambda _l=_layer: _dw(_l)))
+    register(Workload(SUITE, _layer.name, "dw", _layer.flops, lambda _l=_layer: _dw(_l),
+                      dtypes=("float32", "float16", "bfloat16")))

@@ -433,6 +433,11 @@ def main(argv=None) -> int:
         if args.target and args.target not in targets.names():
             raise UsageError(f"unknown target {args.target!r}", targets.names())
         selected = select_workloads(args.suite, args.filter)
+        dtype = args.dtype or os.environ.get("DSL_BENCH_DTYPE", "float32")
+        selected = [w for w in selected if w.dtypes is None or dtype in w.dtypes]
+        if not selected:
+            raise UsageError(f"no selected workload runs with --dtype {dtype} (int8: the "
+                             "conv2d suite's dx rows)", [])
     except UsageError as exc:
         return exc.report("bench")
     target = target_get(args.target or "host")

@@ -190,3 +190,23 @@ def test_int8_dx_row_checks_its_result_and_refuses_dw(monkeypatch):
     assert prep.verify() <= 1e-5
     with pytest.raises(ValueError, match="no int8 dw"):
         conv2d._dw(layer)
+
+
+def test_rows_for_other_dtypes_are_left_out(sweep_suite, fake_roofs, monkeypatch, capsys):
+    """A row that declares its dtypes (the conv2d dw rows: no int8) is left out of a ``--dtype``
+    it does not take instead of failing; selecting only such rows is a usage error."""
+    only_fp = Workload("sweep", "fake_fp_only", "dw", 2e6,
+                       lambda: Prepared(lambda: None, None, 0.0, {}), dtypes=("float32",))
+    bench.WORKLOADS.append(only_fp)
+    monkeypatch.setenv("DSL_BENCH_DTYPE", "float32")  # restored after: main sets it
+    try:
+        rc = runner.main(["--suite", "sweep", "--dtype", "int8", "--no-peer", "--repeat", "1",
+                          "--min-time", "0", "--settle", "0"])
+        out = capsys.readouterr().out
+        assert rc == 0 and "fake_gemm" in out and "fake_fp_only" not in out
+        rc = runner.main(["--suite", "sweep", "--filter", "fake_fp_only", "--dtype", "int8",
+                          "--no-peer", "--repeat", "1"])
+        assert rc == 2 and "no selected workload runs with --dtype int8" in \
+            capsys.readouterr().err
+    finally:
+        bench.WORKLOADS.remove(only_fp)
