@@ -3,9 +3,10 @@
 An AMX core holds eight tile registers of up to 16 rows x 64 bytes and multiplies them whole:
 ``tdpbf16ps C, A, B`` adds to each fp32 ``C[m, n]`` (16 x 16) the ``K`` products
 ``A[m, k] * B[k, n]``, ``A`` a tile of ``M`` rows x ``K`` bfloat16 and ``B`` one of ``K / 2``
-rows x 16 pairs (``vdpbf16ps``'s pair layout); ``tdpbusd`` likewise with unsigned x signed
-bytes in groups of 4 and int32 ``C``. On a Sapphire Rapids core that is 1024 bfloat16
-multiply-adds in 16 cycles, 16 times what AVX-512 does in fp32.
+rows x 16 pairs (``vdpbf16ps``'s pair layout); ``tdpbssd`` likewise with signed bytes in
+groups of 4 and int32 ``C`` (``tdpbusd``: unsigned x signed, the ``vpdpbusd`` layout). On a
+Sapphire Rapids core that is 8192 bfloat16 multiply-adds in 16 cycles, 16 times what AVX-512
+does in fp32.
 
 A tile register cannot be a TVM buffer, so the rule here works in two steps:
 
@@ -54,6 +55,7 @@ class Instruction:
 INSTRUCTIONS = {
     ("bfloat16", "bfloat16", "float32"): Instruction("amx_bf16", "llvm.x86.tdpbf16ps", 2),
     ("uint8", "int8", "int32"): Instruction("amx_int8", "llvm.x86.tdpbusd", 4),
+    ("int8", "int8", "int32"): Instruction("amx_int8", "llvm.x86.tdpbssd", 4),
 }
 
 

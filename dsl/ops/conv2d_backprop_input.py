@@ -127,9 +127,14 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
         accs = {k: phase_acc(p, dyp, wt, *k, twin=e) for k, e in zip(phases, exact)}
     else:
         accs = {k: phase_acc(p, dyp, wt, *k) for k in phases}
-    wsum = wsum_stage(p, wt) if p.offset_x else None
+    # signed bytes where every position's phase reads every tap (stride 1): the padding
+    # already reads offset_x, there are no stride holes, so the sum is the whole of dx
+    whole = p.signed and len(phases) == len(p.phases_h) * len(p.phases_w) and all(
+        (p.phases_h[ph][2], p.phases_w[pw][2]) == (p.lay.kh, p.lay.kw) for ph, pw in phases)
+    wsum = wsum_stage(p, wt) if p.offset_x and not whole else None
     dx = interleave(p, accs, _attrs(p, filters, out_backprop), wsum,
-                    _phase_wsums(p, wt, accs, wsum) if p.dot > 1 and p.qlay is not None else None)
+                    _phase_wsums(p, wt, accs, wsum) if _phase_shift(p) and not whole
+                    else None)
     return tag.with_side_stages(dx, [flag, *exact]) if has_twins else dx
 
 
@@ -165,6 +170,7 @@ class Plan:
     offset_x: int = 0  # int8 only: what the stride holes and the padding of dy read
     qlay: Int8DxLayout | None = None  # int8 only: the int8 dx FracZ of ``filters``
     dot: int = 1  # Cout per lane of one dot-product step (GroupLayout.dot_depth)
+    signed: bool = False  # int8 dot layout for signed x signed bytes (AMX tdpbssd)
 
     @property
     def n(self) -> int:
@@ -225,7 +231,18 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
     # input_sizes can fit int32 while its 5HD result (C padded to 16) does not
     check_elems("input_sizes", list(x_sizes), (n, ceil_div(cin, C0), h, w, C0), "the 5HD dx")
     p = _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw)
-    return replace(p, offset_x=offset_x, qlay=qlay, dot=dot_depth(dtype, lay, p.positions))
+    dot = dot_depth(dtype, lay, p.positions)
+    return replace(p, offset_x=offset_x, qlay=qlay, dot=dot,
+                   signed=dtype == "int8" and dot > 1 and signed_bytes())
+
+
+def signed_bytes() -> bool:
+    """Whether the current target multiplies signed int8 by signed int8 in its dot-product
+    tiles (AMX ``tdpbssd``): then int8 dy is staged as it comes, with no ``+ 128`` shift
+    (and no weight-sum correction when ``offset_x`` is 0)."""
+    import targets
+
+    return targets.current().has("amx_tile", "amx_int8")
 
 
 def dot_depth(dtype: str, lay: GroupLayout, positions: bool) -> int:
@@ -340,14 +357,15 @@ def _channel(p: Plan, cx1, cx0):
     return p.lay.group_of_input_channel(c if p.cin % C0 == 0 else te.min(c, p.cin - 1))
 
 
-def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False):
+def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False, signed: bool = False):
     """dy channel ``ch`` at padded row / column ``(hp, wp)`` in ``p.acc_dtype``; zero in the
     padding (the read is clamped so it stays in bounds where both arms are evaluated).
 
     int8: ``dy - offset_x``, so the padding's 0 is the ``offset_x`` TBE reads there, and the
     stride holes (never read) are added back as ``offset_x * sum(W)`` in :func:`interleave`.
     ``unsigned`` (int8 for ``vpdpbusd``): ``dy + 128`` as uint8, the padding ``offset_x + 128``
-    (the same values shifted by ``offset_x + 128``)."""
+    (the same values shifted by ``offset_x + 128``). ``signed`` (int8 for AMX ``tdpbssd``):
+    dy as it comes, the padding ``offset_x``: exactly what TBE reads there."""
     import tvm
     from tvm import te
 
@@ -356,6 +374,8 @@ def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False):
     raw = dy[b, ch // c0y, clamp_index(src_h, ah.n_out), clamp_index(src_w, aw.n_out),
              ch % c0y]
     ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
+    if signed:
+        return te.if_then_else(ok, raw, tvm.tirx.const(p.offset_x, "int8"))
     if unsigned:
         val = (raw.astype("int32") + 128).astype("uint8")
         return te.if_then_else(ok, val, tvm.tirx.const(p.offset_x + 128, "uint8"))
@@ -406,7 +426,8 @@ def _dy_dot(p: Plan, out_backprop):
     Cout a lane sums per step are adjacent, one 32-bit broadcast. bfloat16 stays bfloat16
     (``vdpbf16ps``); int8 is padded and re-blocked as the unsigned bytes ``dy + 128`` (the
     padding ``offset_x + 128``) that ``vpdpbusd`` takes, and :func:`interleave` takes
-    ``(offset_x + 128) * sum(W)`` over each phase's taps off again."""
+    ``(offset_x + 128) * sum(W)`` over each phase's taps off again; or, with ``p.signed``
+    (AMX), as the signed bytes they are (the padding ``offset_x``)."""
     from tvm import te
 
     if p.qlay is None:  # bfloat16: pairs of dy channels as they come, padded with zeros
@@ -417,7 +438,8 @@ def _dy_dot(p: Plan, out_backprop):
 
     def body(b, c1, hp, wp, c0):
         ch = te.min(c1 * C0 + c0, p.cout - 1)
-        return _padded_dy(p, out_backprop, b, ch, hp, wp, unsigned=True)
+        return _padded_dy(p, out_backprop, b, ch, hp, wp, unsigned=not p.signed,
+                          signed=p.signed)
 
     return te.compute((p.n, p.c1y, p.size_h, p.size_w, C0), body, name="dx_dy_pad",
                       tag=tag.stage(TAG, "dy_pad"))
@@ -661,9 +683,19 @@ def _phase_wsums(p: Plan, wt, accs: dict, wsum) -> dict:
     return out
 
 
+def _phase_shift(p: Plan) -> int:
+    """What each int8 dot-product phase sum reads more per tap than ``dy - offset_x``: its
+    staged dy's shift, ``offset_x + 128`` (unsigned, ``vpdpbusd``) or ``offset_x``
+    (signed, AMX), which :func:`interleave` takes off with the phase's weight sums; 0 when
+    there is nothing to take off (no dot layout, or signed with ``offset_x`` 0)."""
+    if p.dot == 1 or p.qlay is None:
+        return 0
+    return p.offset_x + (0 if p.signed else 128)
+
+
 def interleave(p: Plan, accs: dict, attrs: dict, wsum=None, phase_wsums=None):
     """The anchor ``dx``: the phases interleaved, plus ``offset_x * wsum`` (int8), minus
-    ``(offset_x + 128) * phase_wsums[phase]`` (int8 through ``vpdpbusd``), pad channels
+    :func:`_phase_shift` ``* phase_wsums[phase]`` (int8 dot products), pad channels
     zeroed, cast to res_dtype."""
     import tvm
     from tvm import te
@@ -691,7 +723,7 @@ def interleave(p: Plan, accs: dict, attrs: dict, wsum=None, phase_wsums=None):
             else:
                 got = acc[b, cx1, qh, qw, cx0]
             if phase_wsums is not None:
-                shift = tvm.tirx.const(p.offset_x + 128, p.acc_dtype)
+                shift = tvm.tirx.const(_phase_shift(p), p.acc_dtype)
                 got = got - shift * phase_wsums[ph, pw][cx1, cx0]
             conds = ([i % sh == ph] if sh > 1 else []) + ([j % sw == pw] if sw > 1 else [])
             val = te.if_then_else(tvm.tirx.all(*conds), got, val) if conds else got

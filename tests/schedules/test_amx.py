@@ -70,20 +70,32 @@ def _lowered(c, dtype, tgt, offset_x=0):
     return str(dsl.explain(sch)), lower(sch, "k", [fz, dy, dx]).script()
 
 
-@pytest.mark.parametrize("dtype, instr", [("bfloat16", "tdpbf16ps"), ("int8", "tdpbusd")])
+@pytest.mark.parametrize("dtype, instr", [("bfloat16", "tdpbf16ps"), ("int8", "tdpbssd")])
 def test_an_amx_target_gets_tile_products(dtype, instr):
     """One phase of 32 positions and 4 C1x blocks: 2 x 2 accumulator tiles of 16 rows, the
     tiles configured once per chunk of tasks (2 cores: 2 chunks), released after, and the
-    tile state requested from Linux before anything; bf16 dx written from the tiles."""
+    tile state requested from Linux before anything; dx written from the tiles (int8: signed
+    bytes as they come, so no weight-sum correction with offset_x 0)."""
     c = C(2, 64, 48, 6, 32, 3, 1, (1, 1, 1, 1), 1, 1)
     note, script = _lowered(c, dtype, dataclasses.replace(SPR, cores=2))
     assert f"AMX {instr}: 2x2 accumulator tiles of 16 Wq positions" in note
-    # int8's dx also reads the weight sums, which TVM's reverse_compute_inline refuses
-    assert ("written from the register tile" in note) == (dtype == "bfloat16")
+    assert "written from the register tile" in note and "dx_wsum" not in script
     assert script.count(f"llvm.x86.{instr}") == 4
     assert script.count("llvm.x86.ldtilecfg") == 1 and script.count("tilerelease") == 1
     assert script.index('"syscall"') < script.index("ldtilecfg")
     assert "T.parallel(2)" in script
+
+
+def test_int8_offset_x_needs_weight_sums_only_for_stride_holes():
+    """Signed bytes read offset_x in the padding as they are, so a stride-1 int8 dx with
+    offset_x != 0 is the tile sum itself, written from the tiles; a strided one adds offset_x
+    x the weights of the taps each phase lacks (they read offset_x in the stride holes)."""
+    c = C(1, 32, 64, 6, 32, 3, 1, (1, 1, 1, 1), 1, 1)
+    note, script = _lowered(c, "int8", dataclasses.replace(SPR, cores=2), offset_x=-5)
+    assert "written from the register tile" in note and "dx_wsum" not in script
+    c = C(1, 32, 64, 9, 32, 3, 2, (1, 1, 1, 1), 1, 1)
+    note, script = _lowered(c, "int8", dataclasses.replace(SPR, cores=2), offset_x=-5)
+    assert "dx_wsum" in script and note.count("AMX tdpbssd") == 4
 
 
 def test_strided_phases_each_get_tiles():

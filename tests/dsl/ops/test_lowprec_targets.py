@@ -2,7 +2,7 @@
 compile to AVX-512 code (this host may lack both; nothing is run). int8 dx is laid out for, and
 tensorized into, ``vpdpbusd``; dense bf16 dx and dw into ``vdpbf16ps`` (an LLVM function the
 kernel imports: TVM turns bfloat16 values into uint16 before LLVM); on an AMX target (Sapphire
-Rapids) into the tile products ``tdpbusd`` / ``tdpbf16ps``; without the instruction they
+Rapids) into the tile products ``tdpbssd`` / ``tdpbf16ps``; without the instruction they
 multiply in fp32."""
 
 import pytest
@@ -61,7 +61,7 @@ def _bf16_dw(target: str):
 # without it, what that one multiplies with); a target with AMX takes its tile products
 CASES = {
     "int8 dx": (_int8_dx, {"icelake-server": "vpdpbusd", "znver4": "vpdpbusd",
-                           "sapphirerapids": "tdpbusd"}, "avx512vnni",
+                           "sapphirerapids": "tdpbssd"}, "avx512vnni",
                 "skylake-avx512", "vpmulld"),
     "bf16 dx": (_bf16_dx, {"sapphirerapids": "tdpbf16ps", "znver4": "vdpbf16ps"}, "avx512bf16",
                 "icelake-server", "vfmadd"),
