@@ -1,4 +1,5 @@
-"""Intel AMX tiles for the dot-product reductions (bfloat16 ``tdpbf16ps``, int8 ``tdpbusd``).
+"""Intel AMX tiles for the dot-product reductions (bfloat16 ``tdpbf16ps``, int8 ``tdpbssd``
+and ``tdpbusd``).
 
 An AMX core holds eight tile registers of up to 16 rows x 64 bytes and multiplies them whole:
 ``tdpbf16ps C, A, B`` adds to each fp32 ``C[m, n]`` (16 x 16) the ``K`` products
@@ -10,16 +11,18 @@ does in fp32.
 
 A tile register cannot be a TVM buffer, so the rule here works in two steps:
 
-1. :func:`tile_reduction` (a schedule step) shapes the block's loop nest into the form
-   ``[m tiles, rows, n tiles, lanes, steps..., k, dot]`` (a register tile of ``mt x nt``
-   accumulator tiles with its whole reduction below it) and marks its outermost loop with
-   :data:`ANNOTATION`;
+1. :func:`tile_reduction` (a schedule step) shapes the block's loop nest into register tiles
+   of the form ``[m tiles, rows, n tiles, lanes, steps..., k, dot]`` (``mt x nt``
+   accumulator tiles with their whole reduction below them), marks a task's loop over its
+   tiles with :data:`ANNOTATION` and the loop whose body configures the tiles once (a
+   chunk of tasks per core) with :data:`CONFIGURE`;
 2. :func:`lower_tiles` (from :func:`dsl.runtime.build.lower`, after every schedule step)
-   rewrites each marked nest: the accumulator tiles are zeroed (or loaded), every reduction
-   step loads ``mt`` A tiles and ``nt`` B tiles and issues ``mt * nt`` tile products, then the
-   accumulators are stored. Addresses and row strides come from the block's own index
-   expressions (affine in the nest's loops, checked), so any phase, stride or dilation the
-   compute describes is handled and nothing about the operator is assumed here.
+   puts the tile configuration before each :data:`CONFIGURE` loop's body and the release
+   after it, and rewrites each tile's nest: the accumulator tiles are zeroed (or loaded),
+   every reduction step loads ``mt`` A tiles and ``nt`` B tiles and issues ``mt * nt`` tile
+   products, then the accumulators are stored. Addresses and row strides come from the
+   block's own index expressions (affine in the nest's loops, checked), so any phase, stride
+   or dilation the compute describes is handled and nothing about the operator is assumed.
 
 Linux hands AMX's 8 KB of tile state to a process only on request (``arch_prctl
 ARCH_REQ_XCOMP_PERM``), so a function with tiles first makes that request (a syscall,
@@ -156,6 +159,10 @@ def lower_tiles(func):
             if ANNOTATION not in inner.annotations:
                 return None
             new, used = _tile_loop(inner)
+            clash = {t for t in used if shapes.get(t, used[t]) != used[t]}
+            if clash:  # one configuration serves the loop: its nests must agree on shapes
+                raise RuntimeError(f"{CONFIGURE}: tiles {sorted(clash)} take two shapes "
+                                   "under one configuration")
             shapes.update(used)
             return new
 
