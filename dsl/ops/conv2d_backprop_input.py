@@ -171,6 +171,7 @@ class Plan:
     qlay: Int8DxLayout | None = None  # int8 only: the int8 dx FracZ of ``filters``
     dot: int = 1  # Cout per lane of one dot-product step (GroupLayout.dot_depth)
     signed: bool = False  # int8 dot layout for signed x signed bytes (AMX tdpbssd)
+    k0: int = C0  # dy channels per staged block of the dot layout: 16, or a 64-byte tile row
 
     @property
     def n(self) -> int:
@@ -199,9 +200,15 @@ class Plan:
         return C0_INT8 if self.dtype == "int8" else C0
 
     @property
+    def c1k(self) -> int:
+        """dy channel blocks of ``k0`` the dot-product stages read (``c1y`` unless AMX)."""
+        return ceil_div(self.cout, self.k0)
+
+    @property
     def co_ext(self) -> int:
-        """Reduction extent over output channels: padded Cout (dense) or Cout_g."""
-        return self.c1y * C0 if self.lay.dense else self.lay.cout_g
+        """Reduction extent over output channels: padded Cout (dense; to a whole block of
+        ``k0``) or Cout_g."""
+        return self.c1k * self.k0 if self.lay.dense else self.lay.cout_g
 
 
 def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
@@ -232,17 +239,21 @@ def plan(filters, out_backprop, filter_sizes, input_sizes, para_dict) -> Plan:
     check_elems("input_sizes", list(x_sizes), (n, ceil_div(cin, C0), h, w, C0), "the 5HD dx")
     p = _decide(para, dtype, groups, gd, lay, w_sizes, x_sizes, dy_shape, ah, aw)
     dot = dot_depth(dtype, lay, p.positions)
-    return replace(p, offset_x=offset_x, qlay=qlay, dot=dot,
-                   signed=dtype == "int8" and dot > 1 and signed_bytes())
+    tiles = dot > 1 and tile_products(dtype)
+    return replace(p, offset_x=offset_x, qlay=qlay, dot=dot, signed=tiles and dtype == "int8",
+                   k0=C0 * dot if tiles else C0)
 
 
-def signed_bytes() -> bool:
-    """Whether the current target multiplies signed int8 by signed int8 in its dot-product
-    tiles (AMX ``tdpbssd``): then int8 dy is staged as it comes, with no ``+ 128`` shift
-    (and no weight-sum correction when ``offset_x`` is 0)."""
+def tile_products(dtype: str) -> bool:
+    """Whether the current target runs ``dtype``'s dot products on AMX tiles. Then dy is
+    staged in blocks of one 64-byte tile row (32 bf16 or 64 int8 channels: a tile product
+    as deep as the unit takes; at 16 channels it did half or a quarter of the work in the
+    same 16 cycles), and int8 dy as the signed bytes it is (``tdpbssd``: no ``+ 128`` shift,
+    so no weight-sum correction when ``offset_x`` is 0)."""
     import targets
 
-    return targets.current().has("amx_tile", "amx_int8")
+    feature = {"bfloat16": "amx_bf16", "int8": "amx_int8"}.get(dtype)
+    return feature is not None and targets.current().has("amx_tile", feature)
 
 
 def dot_depth(dtype: str, lay: GroupLayout, positions: bool) -> int:
@@ -357,7 +368,8 @@ def _channel(p: Plan, cx1, cx0):
     return p.lay.group_of_input_channel(c if p.cin % C0 == 0 else te.min(c, p.cin - 1))
 
 
-def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False, signed: bool = False):
+def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False, signed: bool = False,
+               raw_dtype: bool = False):
     """dy channel ``ch`` at padded row / column ``(hp, wp)`` in ``p.acc_dtype``; zero in the
     padding (the read is clamped so it stays in bounds where both arms are evaluated).
 
@@ -365,7 +377,8 @@ def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False, signed: bool 
     stride holes (never read) are added back as ``offset_x * sum(W)`` in :func:`interleave`.
     ``unsigned`` (int8 for ``vpdpbusd``): ``dy + 128`` as uint8, the padding ``offset_x + 128``
     (the same values shifted by ``offset_x + 128``). ``signed`` (int8 for AMX ``tdpbssd``):
-    dy as it comes, the padding ``offset_x``: exactly what TBE reads there."""
+    dy as it comes, the padding ``offset_x``: exactly what TBE reads there. ``raw_dtype``:
+    dy in its own dtype, zero in the padding."""
     import tvm
     from tvm import te
 
@@ -376,6 +389,8 @@ def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False, signed: bool 
     ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
     if signed:
         return te.if_then_else(ok, raw, tvm.tirx.const(p.offset_x, "int8"))
+    if raw_dtype:
+        return te.if_then_else(ok, raw, tvm.tirx.const(0, p.dtype))
     if unsigned:
         val = (raw.astype("int32") + 128).astype("uint8")
         return te.if_then_else(ok, val, tvm.tirx.const(p.offset_x + 128, "uint8"))
@@ -422,26 +437,33 @@ def _dy_int8_dense(p: Plan, out_backprop):
 
 
 def _dy_dot(p: Plan, out_backprop):
-    """dy for a dot-product instruction (``p.dot > 1``), ``[N, C1y, Hp, Wp, 16]``: the ``dot``
-    Cout a lane sums per step are adjacent, one 32-bit broadcast. bfloat16 stays bfloat16
-    (``vdpbf16ps``); int8 is padded and re-blocked as the unsigned bytes ``dy + 128`` (the
-    padding ``offset_x + 128``) that ``vpdpbusd`` takes, and :func:`interleave` takes
-    ``(offset_x + 128) * sum(W)`` over each phase's taps off again; or, with ``p.signed``
-    (AMX), as the signed bytes they are (the padding ``offset_x``)."""
+    """dy for a dot-product instruction (``p.dot > 1``), ``[N, C1k, Hp, Wp, k0]`` (blocks of
+    ``p.k0`` channels: 16, or a whole AMX tile row): the ``dot`` Cout a lane sums per step
+    are adjacent, one 32-bit broadcast. bfloat16 stays bfloat16 (``vdpbf16ps``, AMX); int8
+    is padded and re-blocked as the unsigned bytes ``dy + 128`` (the padding ``offset_x +
+    128``) that ``vpdpbusd`` takes, and :func:`interleave` takes ``(offset_x + 128) *
+    sum(W)`` over each phase's taps off again; or, with ``p.signed`` (AMX), as the signed
+    bytes they are (the padding ``offset_x``). Channels past Cout are zero (they meet zero
+    weights; zero, not a copy of a real channel, so a NaN there reaches no dx)."""
+    import tvm
     from tvm import te
 
-    if p.qlay is None:  # bfloat16: pairs of dy channels as they come, padded with zeros
+    bf16 = p.qlay is None
+    if bf16 and p.k0 == C0:  # pairs of dy channels as they come, padded with zeros
         if p.pad_h == p.pad_w == 0 and (p.size_h, p.size_w) == (p.ah.n_out, p.aw.n_out):
             return out_backprop
         return pad_cast_5hd_compute(out_backprop, (p.pad_h, p.pad_w), (p.size_h, p.size_w),
                                     p.dtype, name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
 
     def body(b, c1, hp, wp, c0):
-        ch = te.min(c1 * C0 + c0, p.cout - 1)
-        return _padded_dy(p, out_backprop, b, ch, hp, wp, unsigned=not p.signed,
-                          signed=p.signed)
+        ch = c1 * p.k0 + c0
+        val = _padded_dy(p, out_backprop, b, te.min(ch, p.cout - 1), hp, wp,
+                         unsigned=not bf16 and not p.signed, signed=p.signed, raw_dtype=bf16)
+        if p.cout % p.k0 == 0 or not bf16:  # int8 is finite: its pad channels may copy
+            return val
+        return te.if_then_else(ch < p.cout, val, tvm.tirx.const(0, p.dtype))
 
-    return te.compute((p.n, p.c1y, p.size_h, p.size_w, C0), body, name="dx_dy_pad",
+    return te.compute((p.n, p.c1k, p.size_h, p.size_w, p.k0), body, name="dx_dy_pad",
                       tag=tag.stage(TAG, "dy_pad"))
 
 
@@ -507,17 +529,20 @@ def _weight_value(p: Plan, filters, cx1, k_h, k_w, co, cx0, dtype: str):
 
     lay = p.lay
     g, ci = _channel(p, cx1, cx0)
-    if p.qlay is not None:  # int8 dx FracZ; a pad Cout (< the 32-block) stays in bounds
-        co_c = te.min(co, p.cout - 1) if lay.dense else co  # pad Cout: masked below
+    # a pad Cout (up to the stage's block of k0, which may pass the FracZ's columns) reads a
+    # real one, in bounds, and is masked below
+    pad_cout = lay.dense and p.co_ext > p.cout
+    co_c = te.min(co, p.cout - 1) if pad_cout else co
+    if p.qlay is not None:  # int8 dx FracZ
         val = filters[p.qlay.fracz_index(g * lay.cout_g + co_c, ci, k_h, k_w)].astype(dtype)
     else:
         row, lane = lay.fracz_row_lane(g, ci, k_h, k_w)
-        col1, col0 = lay.fracz_col(g, co)
+        col1, col0 = lay.fracz_col(g, co_c)
         val = filters[row, col1, col0, lane].astype(dtype)
     conds = []
     if p.cin % C0:
         conds.append(cx1 * C0 + cx0 < p.cin)
-    if lay.dense and p.cout % C0:
+    if pad_cout:
         conds.append(co < p.cout)
     if not conds:
         return val
@@ -593,8 +618,8 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
     from tvm import te
 
     if p.dot > 1:  # the last reduction axis is the dot-product instruction's
-        rco1 = te.reduce_axis((0, p.c1y), name="co1")
-        rco_o = te.reduce_axis((0, C0 // p.dot), name="co0")
+        rco1 = te.reduce_axis((0, p.c1k), name="co1")
+        rco_o = te.reduce_axis((0, p.k0 // p.dot), name="co0")
         rco_i = te.reduce_axis((0, p.dot), name="co_dot")
         red = [rco1, *jhw, rco_o, rco_i]
     elif p.lay.dense:
@@ -609,7 +634,8 @@ def _acc_lanes(p: Plan, dyp, wt, tap, jhw, nq, suffix: str, kind: _Acc):
         row_h, row_w, k_h, k_w = tap(qh, qw)
         if p.dot > 1:
             dyv = dyp[b, rco1, row_h, row_w, rco_o * p.dot + rco_i].astype(p.acc_dtype)
-            wv = wt[cx1, k_h, k_w, rco1 * (C0 // p.dot) + rco_o, cx0, rco_i].astype(p.acc_dtype)
+            wv = wt[cx1, k_h, k_w, rco1 * (p.k0 // p.dot) + rco_o, cx0,
+                    rco_i].astype(p.acc_dtype)
         elif p.lay.dense:
             dyv = dyp[b, rco1, row_h, row_w, rco0]
             wv = wt[cx1, k_h, k_w, rco1 * C0 + rco0, cx0]
