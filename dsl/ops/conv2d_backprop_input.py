@@ -58,6 +58,12 @@ multiplies with signed weight bytes, the weight stage is ``[C1x, KH, KW, CO/4, 1
 (tensorized by the schedule), and ``interleave`` takes ``(offset_x + 128) * dx_wsum_taps``
 off each phase: exact, as ``sum (u - (offset_x + 128)) * W`` over a phase's taps is the
 signed sum.
+
+On a target with AMX (:func:`tile_products`) the dot-product layouts stage dy in blocks of
+``k0`` = one 64-byte tile row, ``[N, C1k, Hp, Wp, k0]`` (32 bf16 or 64 int8 channels; Cout
+padded to the block in dy and the weight), and int8 dy as the signed bytes it is, the padding
+``offset_x`` (``tdpbssd``): no shift, and no weight sums at all unless ``offset_x != 0`` on a
+strided layer, where the stride holes read ``offset_x`` too.
 """
 
 from __future__ import annotations

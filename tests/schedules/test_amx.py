@@ -80,6 +80,11 @@ def test_an_amx_target_gets_tile_products(dtype, instr):
     note, script = _lowered(c, dtype, dataclasses.replace(SPR, cores=2))
     assert f"AMX {instr}: 2x2 accumulator tiles of 16 Wq positions" in note
     assert "written from the register tile" in note and "dx_wsum" not in script
+    # dy staged in blocks of one 64-byte tile row (Cout 48 padded to 64), the weight's Cout
+    # padded alike: each tile product as deep as the unit takes
+    k0, dot = (32, 2) if dtype == "bfloat16" else (64, 4)
+    assert f"dx_dy_pad = T.sblock_alloc_buffer((2, {64 // k0}, 8, 34, {k0}), " in script
+    assert f"dx_weight = T.sblock_alloc_buffer((4, 3, 3, {64 // dot}, 16, {dot}), " in script
     assert script.count(f"llvm.x86.{instr}") == 4
     assert script.count("llvm.x86.ldtilecfg") == 1 and script.count("tilerelease") == 1
     assert script.index('"syscall"') < script.index("ldtilecfg")
