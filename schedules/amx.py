@@ -46,19 +46,20 @@ _SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1023, 18
 
 @dataclass(frozen=True)
 class Instruction:
-    """A tile product: the ISA feature it needs, its LLVM intrinsic, and its ``dot``: the
-    ``A`` elements one 32-bit group of a ``B`` row pairs with one ``C`` lane."""
+    """A tile product: the input dtype whose tiles it needs (:meth:`targets.CpuTarget.
+    has_tiles`), its LLVM intrinsic, and its ``dot``: the ``A`` elements one 32-bit group of
+    a ``B`` row pairs with one ``C`` lane."""
 
-    feature: str
+    dtype: str
     llvm: str
     dot: int
 
 
 # (A dtype, B dtype, accumulator dtype) -> instruction
 INSTRUCTIONS = {
-    ("bfloat16", "bfloat16", "float32"): Instruction("amx_bf16", "llvm.x86.tdpbf16ps", 2),
-    ("uint8", "int8", "int32"): Instruction("amx_int8", "llvm.x86.tdpbusd", 4),
-    ("int8", "int8", "int32"): Instruction("amx_int8", "llvm.x86.tdpbssd", 4),
+    ("bfloat16", "bfloat16", "float32"): Instruction("bfloat16", "llvm.x86.tdpbf16ps", 2),
+    ("uint8", "int8", "int32"): Instruction("int8", "llvm.x86.tdpbusd", 4),
+    ("int8", "int8", "int32"): Instruction("int8", "llvm.x86.tdpbssd", 4),
 }
 
 
@@ -74,7 +75,7 @@ def instruction(sch, block, target) -> Instruction | None:
     if len(reads) != 2 or len(blk.iter_vars) < 3:
         return None
     ins = INSTRUCTIONS.get((str(reads[0].dtype), str(reads[1].dtype), str(out.dtype)))
-    if ins is None or not target.has("amx_tile", ins.feature):
+    if ins is None or not target.has_tiles(ins.dtype):
         return None
     k, d = blk.iter_vars[-2:]
     if int(k.iter_type) != 2 or int(d.iter_type) != 2 or int(d.dom.extent) != ins.dot:
@@ -175,13 +176,14 @@ def lower_tiles(func):
     return func.with_body(_with_permission(body))
 
 
-def _unmarked(loop, key: str):
-    """``loop`` without its annotation ``key``."""
+def _unmarked(loop, key: str, body=None):
+    """``loop`` without its annotation ``key`` (and with ``body`` instead of its own)."""
     from tvm import tirx
 
     annotations = {k: v for k, v in loop.annotations.items() if k != key}
-    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, loop.body,
-                    loop.thread_binding, annotations, loop.step)
+    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                    loop.body if body is None else body, loop.thread_binding, annotations,
+                    loop.step)
 
 
 def _configured(body, shapes: dict):
@@ -226,6 +228,15 @@ class _Nest:
     k: object
     dot: object
     realize: object  # SBlockRealize of the reduction
+
+    def roles(self) -> dict:
+        """Every loop of the nest by role (``s0``, ``s1``, ...: the steps), outermost first."""
+        return {"m": self.m, "rows": self.rows, "n": self.n, "lanes": self.lanes,
+                **{f"s{i}": s for i, s in enumerate(self.steps)}, "k": self.k, "dot": self.dot}
+
+    def k_bytes(self, ins: Instruction, a_buffer) -> int:
+        """Bytes of one ``A`` tile row: ``k`` groups of ``dot`` elements."""
+        return int(self.k.extent) * ins.dot * a_buffer.dtype.bits // 8
 
 
 def _take_apart(loop, n_steps: int) -> _Nest:
@@ -295,8 +306,7 @@ def _operands(nest: _Nest):
         if not isinstance(part, tvm.ir.TensorLoad):  # what tirx.BufferLoad makes
             raise RuntimeError(f"{ANNOTATION}: {part} is not a buffer load")
         loads.append((part.source, part.indices))
-    roles = {"m": nest.m, "rows": nest.rows, "n": nest.n, "lanes": nest.lanes,
-             "k": nest.k, "dot": nest.dot, **{f"s{i}": s for i, s in enumerate(nest.steps)}}
+    roles = nest.roles()
     names = list(roles)
     loop_vars = [roles[r].loop_var for r in names]
     out = []
@@ -313,7 +323,6 @@ def _operands(nest: _Nest):
 def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
     """The steps the tile instructions take for granted: lanes and ``k x dot`` contiguous in
     a row, rows evenly spaced, each operand independent of the other's axes."""
-    ext = {"k": int(nest.k.extent), "dot": int(nest.dot.extent)}
     want = [(c, "lanes", 1), (c, "k", 0), (c, "dot", 0),
             (a, "dot", 1), (a, "k", ins.dot), (a, "lanes", 0), (a, "n", 0),
             (b, "dot", 1), (b, "lanes", ins.dot), (b, "rows", 0), (b, "m", 0)]
@@ -321,9 +330,9 @@ def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
            if op.step[role] != step]
     # B's rows (one per k) may lie any distance apart: tileloadd takes the stride
     bad += [(b.buffer.name, "k", b.step["k"], "> 0")] if b.step["k"] <= 0 else []
-    k_bytes = ext["k"] * ins.dot * a.buffer.dtype.bits // 8
+    k_bytes = nest.k_bytes(ins, a.buffer)
     bad += [(a.buffer.name, "k", k_bytes, f"<= {ROW_BYTES} bytes")] if k_bytes > ROW_BYTES else []
-    if bad or ext["dot"] != ins.dot or int(nest.lanes.extent) != ROW_BYTES // 4:
+    if bad or int(nest.dot.extent) != ins.dot or int(nest.lanes.extent) != ROW_BYTES // 4:
         raise RuntimeError(f"{ANNOTATION}: the operands' layout does not fit the tiles "
                            f"(buffer, loop, step, wanted): {bad}")
 
@@ -340,9 +349,7 @@ def _tile_loop(loop):
     nest = _take_apart(parts[0], int(loop.annotations[ANNOTATION]))
     tiles, shapes = _tile_nest(nest)
     new_body = tirx.SeqStmt([tiles, *parts[1:]]) if len(parts) > 1 else tiles
-    loop = _unmarked(loop, ANNOTATION)
-    return tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind, new_body,
-                    loop.thread_binding, loop.annotations, loop.step), shapes
+    return _unmarked(loop, ANNOTATION, new_body), shapes
 
 
 def _tile_nest(nest: _Nest):
@@ -354,7 +361,7 @@ def _tile_nest(nest: _Nest):
     ins = INSTRUCTIONS[str(a.buffer.dtype), str(b.buffer.dtype), str(c.buffer.dtype)]
     _check_layout(c, a, b, nest, ins)
     mt, nt, rows = int(nest.m.extent), int(nest.n.extent), int(nest.rows.extent)
-    k_bytes = int(nest.k.extent) * ins.dot * a.buffer.dtype.bits // 8
+    k_bytes = nest.k_bytes(ins, a.buffer)
     c_tile = [[m * nt + n for n in range(nt)] for m in range(mt)]
     a_tile = [C_TILES + m for m in range(mt)]
     b_tile = [C_TILES + mt + n for n in range(nt)]
@@ -396,11 +403,10 @@ def _raw_view(buf):
     words as bfloat16 pairs)."""
     from tvm import tirx
 
-    size = 1
-    for d in buf.shape:
-        size = size * d
-    return tirx.decl_buffer((size,), f"uint{buf.dtype.bits}", name=f"{buf.name}_bits",
-                            data=buf.data)
+    from schedules.patterns.common import product
+
+    return tirx.decl_buffer((product(buf.shape),), f"uint{buf.dtype.bits}",
+                            name=f"{buf.name}_bits", data=buf.data)
 
 
 def _addresser(nest: _Nest, views: dict):
@@ -448,7 +454,7 @@ def _region(op, nest: _Nest):
     import tvm
     from tvm import tirx
 
-    loops = [nest.m, nest.rows, nest.n, nest.lanes, *nest.steps, nest.k, nest.dot]
+    loops = list(nest.roles().values())
     first = {lp.loop_var: lp.min for lp in loops}
     ranges = []
     for index in op.indices:

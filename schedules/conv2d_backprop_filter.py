@@ -316,16 +316,14 @@ def schedule_dw_x86(sch, workload) -> None:
 def transpose_stage(sch, block, target) -> None:
     """``dy_pair [N, CO, Ho, Wo/2, 2]`` from dy's ``[N, C1, Ho, Wo, 16]``: a transpose of each
     row's ``Wo x 16`` block. Vectorised along the positions (the output's contiguous axis)
-    it loads every element on its own from a stride of 16 (a chain of inserts: three
-    quarters of a bf16 1x1 dw's time on Emerald Rapids); vectorised along the 16 channels
-    (the input's contiguous axis) it loads one vector per position and stores its lanes to
-    the 16 channel rows."""
+    it loads every element on its own from a stride of 16 (a chain of inserts); vectorised
+    along the 16 channels (the input's contiguous axis) it loads one vector per position and
+    stores its lanes to the 16 channel rows."""
     n, co, ho, w2, pair = sch.get_loops(block)
     c1, c0 = sch.split(co, [None, C0])
     sch.reorder(n, c1, ho, w2, pair, c0)
     sch.vectorize(c0)
-    if extents(sch, sch.get_loops(block)) >= PARALLEL_MIN_ELEMS and target.cores > 1:
-        sch.parallel(sch.fuse(n, c1, ho))
+    _parallel_rows(sch, block, target)
 
 
 def interleave_stage(sch, block, target) -> None:
@@ -333,21 +331,15 @@ def interleave_stage(sch, block, target) -> None:
     and ``q + stride``. Vectorised across (lanes, pair) the columns alternate element by
     element, which LLVM loads one at a time (inserts); with the pair unrolled outside the
     lanes each column is one vector load, stored to every other element."""
-    *outer, q, c0, pair = sch.get_loops(block)
+    q, c0, pair = sch.get_loops(block)[-3:]
     sch.reorder(q, pair, c0)
     sch.unroll(pair)
     sch.vectorize(c0)
-    if extents(sch, sch.get_loops(block)) >= PARALLEL_MIN_ELEMS and target.cores > 1:
-        sch.parallel(sch.fuse(*outer[:3]))
+    _parallel_rows(sch, block, target)
 
 
-def pair_stage(sch, block, target) -> None:
-    """``x_pair [.., 16, 2]`` / ``dy_pair [.., 2]``: the innermost axes fused into one
-    vector of up to 64 bytes, the outer loops across cores."""
-    loops = sch.get_loops(block)
-    inner = loops[-1]
-    if extent(sch, loops[-2]) * extent(sch, inner) <= 32:
-        inner = sch.fuse(loops[-2], inner)
-    sch.vectorize(inner)
+def _parallel_rows(sch, block, target) -> None:
+    """A pair stage's rows (its first three loops: image, channel block, row) across cores,
+    when it is large enough to pay for them."""
     if extents(sch, sch.get_loops(block)) >= PARALLEL_MIN_ELEMS and target.cores > 1:
         parallel_outer(sch, block, max_fuse=3)

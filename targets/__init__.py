@@ -24,6 +24,8 @@ from dataclasses import dataclass, field, replace
 # cycles between two tile products on one core's AMX unit (Sapphire Rapids: 16 rows of a
 # 16 x 16 tile; the bound flops_per_cycle holds AMX roofs to)
 AMX_TILE_CYCLES = 16
+# input dtype -> the AMX extension whose tile products take it (besides amx_tile)
+AMX_FEATURES = {"bfloat16": "amx_bf16", "int8": "amx_int8"}
 DTYPE_BITS = {"int8": 8, "uint8": 8, "int16": 16, "float16": 16, "bfloat16": 16,
               "int32": 32, "float32": 32, "int64": 64, "float64": 64}
 
@@ -109,6 +111,11 @@ class CpuTarget:
         """True if the target has every ISA extension named (cpuinfo spelling)."""
         return set(features) <= self.isa
 
+    def has_tiles(self, dtype: str) -> bool:
+        """True if the target multiplies ``dtype`` (bfloat16, int8) in AMX tiles."""
+        feature = AMX_FEATURES.get(dtype)
+        return feature is not None and self.has("amx_tile", feature)
+
     def dot_depth(self, dtype: str) -> int:
         """Reduction elements that one 32-bit lane of the target's 512-bit dot-product
         instruction sums for inputs of ``dtype``: 4 for int8 with AVX-512 VNNI (``vpdpbusd``,
@@ -144,11 +151,11 @@ class CpuTarget:
         if dtype == "float32":
             return fp32
         if dtype == "bfloat16":
-            if self.has("amx_tile", "amx_bf16"):
+            if self.has_tiles(dtype):
                 return 16 * 16 * 32 * 2 // AMX_TILE_CYCLES
             return 2 * fp32 if self.has("avx512_bf16") else 0
         if dtype == "int8":
-            if self.has("amx_tile", "amx_int8"):
+            if self.has_tiles(dtype):
                 return 16 * 16 * 64 * 2 // AMX_TILE_CYCLES
             return 4 * fp32 if self.isa & {"avx512_vnni", "avx_vnni"} else 0
         raise ValueError(f"no roof for dtype {dtype!r}: float32, bfloat16 or int8")

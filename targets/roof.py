@@ -80,7 +80,7 @@ def loop_isa(target: CpuTarget, dtype: str = "float32") -> str | None:
     """Which loop measures ``dtype`` on ``target`` (None: the ISA has no such instruction)."""
     if target.flops_per_cycle(dtype) == 0:
         return None
-    if dtype != "float32" and target.has("amx_tile", AMX_FEATURE[dtype]):
+    if target.has_tiles(dtype):
         return "amx"
     if target.vector_bits >= 512 and target.has("avx512f"):
         isa = "avx512"
@@ -89,9 +89,6 @@ def loop_isa(target: CpuTarget, dtype: str = "float32") -> str | None:
     if dtype == "int8" and not target.has("avx512_vnni"):
         isa = "avx2"  # AVX-VNNI: the VEX-encoded ymm form
     return isa if (isa, dtype) in _OPS else None
-
-
-AMX_FEATURE = {"bfloat16": "amx_bf16", "int8": "amx_int8"}
 
 
 def make_loop(isa: str, dtype: str = "float32") -> Loop:

@@ -258,8 +258,7 @@ def tile_products(dtype: str) -> bool:
     so no weight-sum correction when ``offset_x`` is 0)."""
     import targets
 
-    feature = {"bfloat16": "amx_bf16", "int8": "amx_int8"}.get(dtype)
-    return feature is not None and targets.current().has("amx_tile", feature)
+    return targets.current().has_tiles(dtype)
 
 
 def dot_depth(dtype: str, lay: GroupLayout, positions: bool) -> int:
@@ -374,17 +373,17 @@ def _channel(p: Plan, cx1, cx0):
     return p.lay.group_of_input_channel(c if p.cin % C0 == 0 else te.min(c, p.cin - 1))
 
 
-def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False, signed: bool = False,
-               raw_dtype: bool = False):
-    """dy channel ``ch`` at padded row / column ``(hp, wp)`` in ``p.acc_dtype``; zero in the
-    padding (the read is clamped so it stays in bounds where both arms are evaluated).
+def _padded_dy(p: Plan, dy, b, ch, hp, wp, mode: str = "acc"):
+    """dy channel ``ch`` at padded row / column ``(hp, wp)`` (the read is clamped so it stays
+    in bounds where both arms are evaluated), staged as ``mode`` says:
 
-    int8: ``dy - offset_x``, so the padding's 0 is the ``offset_x`` TBE reads there, and the
-    stride holes (never read) are added back as ``offset_x * sum(W)`` in :func:`interleave`.
-    ``unsigned`` (int8 for ``vpdpbusd``): ``dy + 128`` as uint8, the padding ``offset_x + 128``
-    (the same values shifted by ``offset_x + 128``). ``signed`` (int8 for AMX ``tdpbssd``):
-    dy as it comes, the padding ``offset_x``: exactly what TBE reads there. ``raw_dtype``:
-    dy in its own dtype, zero in the padding."""
+    ``"acc"``: in ``p.acc_dtype``, zero in the padding; int8 as ``dy - offset_x``, so the
+    padding's 0 is the ``offset_x`` TBE reads there, and the stride holes (never read) are
+    added back as ``offset_x * sum(W)`` in :func:`interleave`.
+    ``"unsigned"`` (int8 for ``vpdpbusd``): ``dy + 128`` as uint8, the padding
+    ``offset_x + 128`` (the same values shifted by ``offset_x + 128``).
+    ``"raw"`` (bfloat16, and int8 for AMX ``tdpbssd``): dy as it comes, the padding
+    ``offset_x`` (0 for float inputs): exactly what TBE reads there."""
     import tvm
     from tvm import te
 
@@ -393,11 +392,9 @@ def _padded_dy(p: Plan, dy, b, ch, hp, wp, unsigned: bool = False, signed: bool 
     raw = dy[b, ch // c0y, clamp_index(src_h, ah.n_out), clamp_index(src_w, aw.n_out),
              ch % c0y]
     ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_out, src_w >= 0, src_w < aw.n_out)
-    if signed:
-        return te.if_then_else(ok, raw, tvm.tirx.const(p.offset_x, "int8"))
-    if raw_dtype:
-        return te.if_then_else(ok, raw, tvm.tirx.const(0, p.dtype))
-    if unsigned:
+    if mode == "raw":
+        return te.if_then_else(ok, raw, tvm.tirx.const(p.offset_x, p.dtype))
+    if mode == "unsigned":
         val = (raw.astype("int32") + 128).astype("uint8")
         return te.if_then_else(ok, val, tvm.tirx.const(p.offset_x + 128, "uint8"))
     val = raw.astype(p.acc_dtype)
@@ -464,7 +461,7 @@ def _dy_dot(p: Plan, out_backprop):
     def body(b, c1, hp, wp, c0):
         ch = c1 * p.k0 + c0
         val = _padded_dy(p, out_backprop, b, te.min(ch, p.cout - 1), hp, wp,
-                         unsigned=not bf16 and not p.signed, signed=p.signed, raw_dtype=bf16)
+                         "raw" if bf16 or p.signed else "unsigned")
         if p.cout % p.k0 == 0 or not bf16:  # int8 is finite: its pad channels may copy
             return val
         return te.if_then_else(ch < p.cout, val, tvm.tirx.const(0, p.dtype))
