@@ -313,6 +313,20 @@ def check_bound(flops_per_s: float, ghz: float, flops_per_cycle: int, threads: i
             f"{ghz:.3f} GHz x {threads}): refused (merged chains or wrong target facts)")
 
 
+def check_samples(samples: list[tuple], flops_per_cycle: int) -> None:
+    """Hold every thread sample to the issue bound at the highest clock any reading saw.
+
+    A clock reading only errs low (a hypervisor's stolen time counts as the thread's CPU
+    time, so the add chain seems slower), and a loop at the bound (AMX runs at 98-100%) was
+    refused on a lent 16-core VM whose reading dipped 7% below the clock the loop ran at.
+    One clock for all samples still refuses what the check is for: merged chains or wrong
+    facts, 1.5-3x over.
+    """
+    clock = max(g for _, g, *_ in samples)
+    for rate, *_ in samples:  # the best run's sum is then within threads x the bound too
+        check_bound(rate, clock, flops_per_cycle)
+
+
 def _parse(out: str, loop: Loop, threads: int) -> tuple[list[tuple], list[tuple]]:
     """(the best run's per-thread (FLOP/s, GHz, wall s, CPU s), every thread sample).
 
@@ -357,11 +371,9 @@ def measure(dtype: str = "float32", threads: int = 1, *, target: CpuTarget | Non
         raise RoofError(f"roof program failed ({proc.returncode}): {proc.stderr[-2000:]}")
     best, samples = _parse(proc.stdout, loop, threads)
     fpc = tgt.flops_per_cycle(dtype)
-    for rate, ghz, *_ in samples:
-        check_bound(rate, ghz, fpc)
+    check_samples(samples, fpc)
     total = sum(r for r, *_ in best)
     ghz = sum(g for _, g, *_ in best) / threads
-    check_bound(total, ghz, fpc, threads)
     work = best[0][0] * best[0][3]  # FLOP per thread (rate x CPU seconds)
     wall = threads * work / max(w for *_, w, _ in best)
     busy = sum(c for *_, c in best) / sum(w for *_, w, _ in best)

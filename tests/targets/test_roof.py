@@ -154,6 +154,16 @@ def test_parse_refuses_incomplete_output():
     assert best == [(1000 * 192 / 1.0, 3.5, 2.0, 1.0)] and samples == best
 
 
+def test_samples_are_held_to_the_highest_clock_read():
+    # The 16-core VM: an AMX loop at 2048 FLOP/cycle x 2.73 GHz, one clock reading 2.55.
+    at_bound = (2048 * 2.73e9, 2.546, 0.2, 0.2)
+    other = (2048 * 2.70e9, 2.73, 0.2, 0.2)
+    roof.check_samples([at_bound, other], 2048)
+    merged = (3 * 2048 * 2.73e9, 2.73, 0.2, 0.2)  # chains merged: 3x over, still refused
+    with pytest.raises(roof.RoofError, match="refused"):
+        roof.check_samples([merged, other], 2048)
+
+
 FAKE_KERNEL = """\
 main:
 \tpushq %rbp
