@@ -48,9 +48,7 @@ from dsl.ops import tag
 from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.toolbox import (
-    BALANCE_MIN,
     accumulator_registers,
-    balance,
     divisors,
     extents,
     fill_vector_factor,
@@ -229,28 +227,13 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
     if cfg["ragged"]:
         _ragged_blocks(sch, acc, cfg, outer, (f_o, f_i, iw), tile, cores)
         return
-    par = _task_loops(sch, [g_o, ic_o, oc_o], [kh, kw_o], cores)
+    par = [g_o, ic_o, oc_o]
     if extents(sch, par) < 2 * cores:  # too few blocks: share each chunk's tiles instead
         sch.reorder(g_o, ic_o, f_o, oc_o, kh, kw_o, f_i, iw, r1, r2, vec)
         par = [oc_o, kh, kw_o]
     else:
-        taps = [kh, kw_o][len(par) - 3:]
-        sch.reorder(*par, f_o, *taps, f_i, iw, *tile)
+        sch.reorder(g_o, ic_o, oc_o, f_o, kh, kw_o, f_i, iw, r1, r2, vec)
     _micro_kernel(sch, acc, (r1, r2, vec), par, f_o, cores)
-
-
-def _task_loops(sch, blocks: list, taps: list, cores: int) -> list:
-    """The loops whose iterations are the parallel tasks: the register-tile ``blocks``,
-    then the fewest of the ``taps`` loops (outermost first) whose tasks share out evenly
-    over ``cores`` (:func:`schedules.toolbox.balance`). A tap loop taken out of a K chunk
-    re-reads that chunk of x once per tap, from L2 (2 cores, 2 blocks: 2% slower with the
-    taps), but leaves no core idle: the dcgan bench layer had 10 blocks, and 2 in its ragged
-    last tile's nest, for 16 cores. Taps are output axes, so every element's sum keeps its
-    order (results do not depend on the cores)."""
-    for i in range(len(taps) + 1):
-        if balance(extents(sch, blocks + taps[:i]), cores) >= BALANCE_MIN:
-            break
-    return blocks + taps[:i]
 
 
 def _ragged_blocks(sch, acc, cfg, outer, k_loops, tile, cores) -> None:
@@ -264,11 +247,7 @@ def _ragged_blocks(sch, acc, cfg, outer, k_loops, tile, cores) -> None:
     for block in split_last_tile(sch, tiles):
         if block is not None:
             loops = sch.get_loops(block)
-            blocks, f_o, taps = from_zero(sch, loops[:3]), loops[3], loops[4:6]
-            par = _task_loops(sch, blocks, taps, cores)
-            if len(par) > len(blocks):  # the taps taken go above the K chunks
-                sch.reorder(*par[len(blocks):], f_o)
-            _micro_kernel(sch, block, loops[-3:], par, f_o, cores)
+            _micro_kernel(sch, block, loops[-3:], from_zero(sch, loops[:3]), loops[3], cores)
 
 
 def _vector_axis_last(sch, block, cfg, first: int) -> None:
