@@ -107,6 +107,20 @@ def test_chunked_dw_with_a_nonfinite_dy_runs_the_exact_twin():
     assert_close(out[finite], ref[finite], "float32", "finite positions")
 
 
+@pytest.mark.parametrize("tasks, cores, parts", [
+    (1, 1, 1), (1, 2, 2), (1, 16, 16),  # one task: one part per core, no more
+    (8, 2, 1), (8, 16, 2),               # parts only to fill the cores
+    (9, 16, 7),                          # 63 tasks on 16 cores: the first even share
+    (9, 8, 4),                           # none even up to 4 per core: the best (36 of 40)
+])
+def test_parallel_parts_fill_the_cores_evenly_with_the_fewest(tasks, cores, parts):
+    from schedules.conv2d_backprop_filter import parallel_parts
+    from schedules.toolbox import balance
+    assert parallel_parts(tasks, cores) == parts
+    for fewer in range(-(-cores // tasks), parts):  # no smaller count shares out as well
+        assert balance(fewer * tasks, cores) < balance(parts * tasks, cores)
+
+
 PARTS = [  # layers whose dw takes rfactor parts: row chunks inside each part
     (C(2, 3, 24, 23, 21, 7, 2, (3, 3, 3, 3), 1, 1), "dw_acc_t"),  # RGB stem: Cout lanes
     (C(1, 32, 32, 10, 9, 3, 1, (1, 0, 2, 1), 1, 4), "dw_acc"),     # grouped
@@ -117,7 +131,7 @@ PARTS = [  # layers whose dw takes rfactor parts: row chunks inside each part
 @pytest.mark.parametrize("c, stage", PARTS, ids=lambda v: case_id(v) if isinstance(v, dict)
                          else v)
 def test_rfactor_parts_in_row_chunks_match_the_reference(c, stage):
-    tgt = host_with(4, 2)
+    tgt = host_with(4, 4)  # cores enough that each layer's few tasks take parts
     assert "-row chunks" in _note(c, tgt, stage)
     for dtype in ("float32", "float16"):
         x, dy = dw_data(c, dtype)
