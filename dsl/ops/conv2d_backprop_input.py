@@ -68,6 +68,7 @@ strided layer, where the stride holes read ``offset_x`` too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from dsl.errors import (
@@ -486,8 +487,11 @@ def _dy_regather(p: Plan, out_backprop):
         g, _ = _channel(p, cx1, cx0)
         return _padded_dy(p, dy32, b, g * lay.cout_g + co, hp, wp)
 
+    # lanes of one group read one dy channel: runs of gcd(Cin/g, 16) equal lanes
+    run = math.gcd(lay.cin_g, C0) if lay.cin_g > 1 else 1
     return te.compute((p.n, p.c1x, p.size_h, p.size_w, lay.cout_g, C0), dyg_body,
-                      name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
+                      name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"),
+                      attrs={tag.LANE_RUN: run} if run > 1 else None)
 
 
 def weight_stage(p: Plan, filters):

@@ -71,6 +71,9 @@ DECONV_EXACT = "deconv_grad_filter.exact"  # acc with dy's padding never multipl
 RUN_IF = "dsl_run_if"
 # Block annotation of a stage whose values its exact twin (named) replaces when that twin ran.
 EXACT_TWIN = "dsl_exact_twin"
+# Block annotation of a stage whose C0 lanes come in runs of this many equal values (a grouped
+# dx's regathered dy: the lanes of one group read one dy channel).
+LANE_RUN = "dsl_lane_run"
 
 LAYOUT_TAGS = (LAYOUT_TO_5HD, LAYOUT_FROM_5HD, LAYOUT_TO_FRACZ, LAYOUT_FROM_FRACZ)
 

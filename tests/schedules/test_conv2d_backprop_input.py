@@ -133,3 +133,30 @@ def test_chunked_dx_with_a_nonfinite_weight_runs_the_exact_twin():
     assert np.isnan(ref).any() and not np.isnan(ref).all()
     finite = ~np.isnan(ref)
     assert_close(out[finite], ref[finite], "float32", "finite positions")
+
+
+LANE_RUNS = [  # (case, equal lanes per run of the regathered dy: gcd(Cin / groups, 16))
+    (C(1, 32, 32, 9, 9, 3, 1, (1, 1, 1, 1), 1, 8), 4),        # 4 channels a group (ResNeXt)
+    (C(2, 24, 12, 7, 11, 3, 2, (1, 0, 1, 2), 1, 3), 8),       # 8 a group, stride 2, odd H/W
+    (C(1, 36, 18, 6, 6, (3, 2), 1, (0, 1, 1, 0), 2, 18), 2),  # 2 a group, 36 channels
+    (C(1, 64, 32, 5, 5, 3, 1, (1, 1, 1, 1), 1, 2), 16),       # 32 a group: one run a vector
+]
+
+
+@pytest.mark.parametrize("c, run", LANE_RUNS, ids=lambda v: case_id(v) if isinstance(v, dict)
+                         else str(v))
+def test_grouped_dx_loads_each_run_of_equal_lanes_once(c, run):
+    sch, tensors = _dx_schedule(c, host_with(48, 2))
+    assert f"runs of {run} equal lanes" in str(dsl.explain(sch))
+    script = sch.s_tir(list(tensors)).mod.script()
+    at = script.index('T.sblock("dx_dy_pad")')
+    stage = script[at - 400:at]  # the loops just above the stage's block
+    assert f"T.vectorized({run})" in stage, stage
+    for dtype in ("float32", "float16"):
+        dy, w = dx_data(c, dtype)
+        kernel = dx_kernel(c, dtype, "float32", host_with(48, 2))
+        out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, c["groups"]), nchw_to_5hd(dy)),
+                              c["cin"])
+        ref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"],
+                     c["dil"], c["groups"])
+        assert_close(out, ref, "float32", f"{case_id(c)} {dtype}")
