@@ -239,3 +239,26 @@ def test_flat_chunk_beside_a_ragged_last_tile_matches_the_reference(bad):
     why = _dx_notes(c, targets.get("x86-avx512"))["cb_dx_acc"]
     assert "in one loop, the last tile of 5 rows" in why, why
     _dx_matches(c, "x86-avx512", 17, bad, (1, 0, 2, 2))
+
+
+# dx whose channels span several vector tiles: the weight operand is laid out as panels
+WIDE = [
+    G(1, 2, 40, 24, 19, 3, 1, 1),                                   # 1-D, 40 = 5 x 8 channels
+    G(2, 1, 48, 20, (5, 7), 3, 2, [(1, 0), (0, 2)], (1, 2)),        # 2-D, stride 2, dilated
+    G(2, 2, 24, 48, (3, 6), 4, 2, 1, transposed=True),              # transposed: w_fwd
+    G(3, 1, 32, 16, (3, 4, 5), 3, 1, 1),                            # 3-D
+]
+
+
+@pytest.mark.parametrize("c", WIDE, ids=gid)
+def test_dx_weight_is_read_from_panels(c):
+    sch = _ragged_schedule(c, targets.get("x86-avx2"))
+    stages = {s: why for s, _, why in dsl.explain(sch).stages}
+    acc = stages.get("cb_dx_acc") or stages["cb_fwd_acc"]
+    assert ("cb_w_fwd as panels" if c["transposed"] else "cb_w_adj as panels") in acc, acc
+
+
+@pytest.mark.parametrize("bad", [None, np.nan], ids=["finite", "nan"])
+@pytest.mark.parametrize("c", WIDE, ids=gid)
+def test_dx_through_weight_panels_matches_the_reference(c, bad):
+    _dx_matches(c, "x86-avx2", 5, bad, (0, 0, *(k - 1 for k in c["w"][2:])))
