@@ -238,8 +238,14 @@ def test_bench_rows_get_percent_of_roof(monkeypatch, capsys):
             {"suite": "s", "name": "b", "kind": "dx", "error": "boom", "ours_gflops": None}]
     runner.add_roof(rows, 2)
     assert rows[0]["roof_pct"] == 75.0 and "roof_pct" not in rows[1]
-    assert "200.0 GFLOP/s on 2 thread(s)" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "200.0 GFLOP/s on 2 thread(s)" in printed and "at once" not in printed
     assert runner.format_row(rows[0]).endswith("75.0%")
+    # threads that did not all run at once (a shared VM): the wall-time figure is said too
+    monkeypatch.setattr(roof, "measured_peak",
+                        lambda dtype, threads: dataclasses.replace(fake, gflops_wall=120.0))
+    runner.add_roof([dict(rows[0])], 2)
+    assert "all 2 threads at once reached 120.0 GFLOP/s" in capsys.readouterr().out
 
     def refuse(dtype, threads):
         raise roof.RoofError("no cc")
