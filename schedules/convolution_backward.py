@@ -307,17 +307,10 @@ def pack_dw_operands(sch, block, tile: Tile) -> list[str]:
     from tvm.tirx import IndexMap
 
     done = []
-    # the exact twin reads the packs too, at the same indices rewritten with them; its speed
-    # does not matter (it runs only for a NaN / inf input)
-    twin = twin_block(sch, block)
-    ours = {sch.get(b).name_hint for b in (block, twin) if b is not None}
     for i, r in enumerate(sch.get(block).reads):
         name = r.source.name
         width = {"cb_y_pack": tile.rf, "cb_x_pack": tile.vf}.get(name, 1)
-        producer = next((b for b in sch.get_producers(block)
-                         if sch.get(b).name_hint == name), None)
-        if width == 1 or producer is None or any(
-                sch.get(c).name_hint not in ours for c in sch.get_consumers(producer)):
+        if width == 1 or not _own_pack(sch, block, name):
             continue
         nd = len(r.source.shape)
         sch.transform_layout(block, ("read", i), IndexMap.from_func(
@@ -336,20 +329,27 @@ def pack_weight_panels(sch, block, tile: Tile) -> list[str]:
     dx 1.035x)."""
     from tvm.tirx import IndexMap
 
-    twin = twin_block(sch, block)
-    ours = {sch.get(b).name_hint for b in (block, twin) if b is not None}
     for i, r in enumerate(sch.get(block).reads):
         name = r.source.name
-        producer = next((b for b in sch.get_producers(block)
-                         if sch.get(b).name_hint == name), None)
-        if name not in ("cb_w_adj", "cb_w_fwd") or producer is None or tile.vf >= int(
-                r.source.shape[-1]) or any(sch.get(c).name_hint not in ours
-                                           for c in sch.get_consumers(producer)):
-            continue
-        sch.transform_layout(block, ("read", i), IndexMap.from_func(
-            _panels(tile.vf), ndim=len(r.source.shape), index_dtype="int32"))
-        return [name]
+        if name in ("cb_w_adj", "cb_w_fwd") and tile.vf < int(r.source.shape[-1]) \
+                and _own_pack(sch, block, name):
+            sch.transform_layout(block, ("read", i), IndexMap.from_func(
+                _panels(tile.vf), ndim=len(r.source.shape), index_dtype="int32"))
+            return [name]
     return []
+
+
+def _own_pack(sch, block, name: str) -> bool:
+    """Whether stage ``name`` feeds ``block`` and is read by nothing else but its exact twin,
+    so its layout may be changed for ``block``: the twin reads it at the same indices
+    rewritten with it, and its speed does not matter (it runs only for a NaN / inf input)."""
+    producer = next((b for b in sch.get_producers(block) if sch.get(b).name_hint == name),
+                    None)
+    if producer is None:
+        return False
+    twin = twin_block(sch, block)
+    ours = {sch.get(b).name_hint for b in (block, twin) if b is not None}
+    return all(sch.get(c).name_hint in ours for c in sch.get_consumers(producer))
 
 
 # dw first: TVM's rfactor (dw's batch chunks, db's rows) fails on a function that already
