@@ -266,26 +266,7 @@ def schedule_dx_x86(sch, workload) -> None:
         if block is None:
             continue
         run = int(sch.get(block).annotations.get(tag.LANE_RUN, 0))
-        if run:
-            lane_runs(sch, block, run, target)
-            workload.note(sch.get(block).name_hint, RULE,
-                          f"regathered dy: runs of {run} equal lanes, one load each")
-            continue
-        tb.elementwise_c0(sch, block, target)
-        workload.note(sch.get(block).name_hint, RULE, "elementwise 5HD stage")
-
-
-def lane_runs(sch, block, run: int, target) -> None:
-    """A stage whose C0 lanes come in runs of ``run`` equal values (a grouped dx's
-    regathered dy, :data:`dsl.ops.tag.LANE_RUN`): each run one scalar load broadcast into
-    its lanes, the runs unrolled, the outer loops across cores. Vectorised whole, every lane
-    has its own index and LLVM built each vector from 16 scalar loads and inserts: the stage
-    was most of resnext_grouped_g32's dx (4 channels a group), which ran 1.46-1.57x faster
-    this way on one Emerald Rapids core (same-process A/B)."""
-    loops = sch.get_loops(block)
-    elems = tb.extents(sch, loops)
-    runs, lanes = sch.split(loops[-1], [None, run])
-    sch.unroll(runs)
-    sch.vectorize(lanes)
-    if elems >= tb.PARALLEL_MIN_ELEMS and target.cores > 1:
-        tb.parallel_outer(sch, block, max_fuse=3)
+        tb.elementwise_c0(sch, block, target, run=run)
+        workload.note(sch.get(block).name_hint, RULE,
+                      f"regathered dy: runs of {run} equal lanes, one load each" if run
+                      else "elementwise 5HD stage")
