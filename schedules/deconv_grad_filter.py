@@ -12,9 +12,11 @@ anyway); the accumulators are laid out with it innermost.
 Two shapes of loop nest:
 
 * many output tiles (the usual case): one pass over K in chunks of ``K_CHUNK`` steps; within a
-  chunk every ``(kh, kw)`` tile of a ``(g, ic, oc)`` block accumulates into ``dw_acc``, so the
-  chunk of x and dy is reused from L1/L2 instead of being streamed once per tile. The blocks
-  run across ``target.cores`` threads (one parallel launch per call).
+  chunk every ``(kh, kw)`` tap of a ``(g, oc)`` block (``(g, ic)`` for vectors along ic)
+  accumulates into ``dw_acc``, the row tiles innermost, so the tiles of a tap share its
+  vectors from L1 and the taps share the chunk of the broadcast operand from L1/L2 (dcgan
+  bench layer, one EMR core: 1.30x over tiles outermost). The blocks run across
+  ``target.cores`` threads (one parallel launch per call).
 * few output tiles and a long K: the ``(b, ih)`` loop is split into ``P`` partial sums
   (``rfactor``) computed in parallel into ``local`` accumulator tiles, then added.
 
@@ -43,16 +45,18 @@ annotations (none for one core) and the order of independent tiles differ.
 from __future__ import annotations
 
 import json
+import math
 
 from dsl.ops import tag
 from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.toolbox import (
+    BALANCE_MIN,
     accumulator_registers,
+    balance,
     divisors,
-    extents,
+    extent,
     fill_vector_factor,
-    from_zero,
     largest_divisor,
     parallel,
     root_blocks,
@@ -216,38 +220,39 @@ def _tile_note(cfg) -> str:
 
 
 def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
-    """One pass over K in chunks of about ``K_CHUNK`` steps: for each chunk, every register
-    tile of a ``(g, ic, oc)`` block accumulates into ``dw_acc`` (kept in registers across the
-    chunk), so the chunk of x and dy stays in L1/L2 while all ``(kh, kw)`` tiles reuse it."""
+    """One pass over K in chunks of about ``K_CHUNK`` steps. Within a chunk, every tap's
+    register tiles accumulate into ``dw_acc``, the row tiles innermost: they all read the same
+    vectors (one tap's dy of one ``oc`` tile, or one ``ic`` tile of x), which stay in L1
+    across them, while the chunk of the broadcast operand stays in L1/L2 for every tap. A
+    ragged last row tile gets a loop nest of its own (:func:`split_last_tile`).
+
+    The output tiles above the chunk loop run across cores: ``(g, other)`` blocks, with the
+    taps' rows ``kh`` and columns joining them where too few blocks share out evenly
+    (:func:`parallel_lead`)."""
     r1, r2, vec = tile
     g_o, oc_o, kh, kw_o, ic_o = outer
     rows = largest_divisor(p["batch"] * p["in_h"], max(1, K_CHUNK // p["in_w"]))
     f_o, f_i = sch.split(f, [None, rows])
     _vector_axis_last(sch, acc, cfg, 0)
-    if cfg["ragged"]:
-        _ragged_blocks(sch, acc, cfg, outer, (f_o, f_i, iw), tile, cores)
-        return
-    par = [g_o, ic_o, oc_o]
-    if extents(sch, par) < 2 * cores:  # too few blocks: share each chunk's tiles instead
-        sch.reorder(g_o, ic_o, f_o, oc_o, kh, kw_o, f_i, iw, r1, r2, vec)
-        par = [oc_o, kh, kw_o]
-    else:
-        sch.reorder(g_o, ic_o, oc_o, f_o, kh, kw_o, f_i, iw, r1, r2, vec)
-    _micro_kernel(sch, acc, (r1, r2, vec), par, f_o, cores)
-
-
-def _ragged_blocks(sch, acc, cfg, outer, k_loops, tile, cores) -> None:
-    """:func:`_blocked` with a ragged last row tile: the loop over row tiles goes outermost
-    and its last tile gets a loop nest of its own (:func:`split_last_tile`), so the full
-    tiles' nest has no guard. Each nest runs its ``(tiles, g, ic/oc)`` blocks across cores."""
-    g_o, oc_o, kh, kw_o, ic_o = outer
-    f_o, f_i, iw = k_loops
     tiles, other = (oc_o, ic_o) if cfg["rows"][0] == "oc" else (ic_o, oc_o)
-    sch.reorder(tiles, g_o, other, f_o, kh, kw_o, f_i, iw, *tile)
-    for block in split_last_tile(sch, tiles):
-        if block is not None:
-            loops = sch.get_loops(block)
-            _micro_kernel(sch, block, loops[-3:], from_zero(sch, loops[:3]), loops[3], cores)
+    lead = [g_o, other, kh, kw_o]
+    n_par = parallel_lead([extent(sch, lp) for lp in lead], cores)
+    sch.reorder(*lead[:n_par], f_o, *lead[n_par:], tiles, f_i, iw, r1, r2, vec)
+    _micro_kernel(sch, acc, (r1, r2, vec), lead[:n_par], f_o, cores)
+    if cfg["ragged"]:  # after the init is split off: TVM partitions a plain update block
+        split_last_tile(sch, tiles)
+
+
+def parallel_lead(extents_: list[int], cores: int) -> int:
+    """How many of the lead loops (their ``extents_``, outermost first: ``g``, the other
+    tile axis, ``kh``, ``kw``) go above the chunk loop and across cores: the fewest (at
+    least two) whose blocks share out evenly (:func:`schedules.toolbox.balance`), else those
+    that share out best. A tap loop there costs a re-read of the broadcast operand's chunk
+    from L2 per tap (dcgan bench layer, two cores: its two ``oc`` blocks run 1.08x faster
+    than eight ``(oc, kh)`` blocks, and 32 blocks 0.82x)."""
+    counts = range(2, len(extents_) + 1)
+    return max(counts, key=lambda n: (min(balance(math.prod(extents_[:n]), cores),
+                                          BALANCE_MIN), -n))
 
 
 def _vector_axis_last(sch, block, cfg, first: int) -> None:

@@ -300,3 +300,49 @@ def test_oc_vector_reads_dy_in_place_or_from_panels(c, why):
         out = kernel_for(c, "float32", tgt)(dy_v, x_v)
         assert_close(out, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
                      "float32", case_id(c))
+
+
+@pytest.mark.parametrize("extents,cores,want", [
+    ([1, 2, 4, 4], 1, 2),    # one core: no tap above the chunk loop
+    ([1, 2, 4, 4], 2, 2),    # the dcgan bench layer on two cores: one oc block each
+    ([1, 2, 4, 4], 4, 3),    # taps' rows join where the blocks are too few
+    ([1, 2, 4, 4], 16, 4),   # and their columns (32 blocks for 16 cores)
+    ([8, 1, 4, 4], 2, 2),    # groups alone share out
+    ([1, 3, 4, 4], 2, 3),    # 3 blocks on 2 cores do not: 12 do
+    ([1, 1, 1, 1], 4, 2),    # nothing to share: the fewest loops
+])
+def test_parallel_lead_takes_the_fewest_loops_that_share_out_evenly(extents, cores, want):
+    from schedules.deconv_grad_filter import parallel_lead
+
+    assert parallel_lead(extents, cores) == want
+
+
+@pytest.mark.parametrize("cores", [1, 2, 16])
+def test_row_tiles_run_innermost_under_the_chunk_and_tap_loops(cores):
+    # each tap's vectors are read by every row tile in a row, from L1 (see _blocked)
+    from tvm import te
+
+    dy = te.placeholder((2, 16, 16, 32), "float32", name="dy")
+    x = te.placeholder((2, 8, 8, 32), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=4, stride=2, pad=1)
+    tgt = targets.get("x86-avx512").with_cores(cores)
+    sch = dsl.auto_schedule(dw, tgt).s_tir([dy, x, dw])
+    script = sch.mod.script()
+    nests = [b for b in ("dw_acc_update_ic_00", "dw_acc_update_ic_01") if f'T.sblock("{b}")' in script]
+    assert len(nests) == 2, "a 12-row tile over 32 ic: two full tiles and a ragged one"
+    def loops(block):
+        return [sch.get(lp).loop_var.name for lp in sch.get_loops(sch.get_sblock(block))]
+
+    def at(names, loop):  # a loop's position, alone or fused into the parallel loop
+        return next(i for i, n in enumerate(names)
+                    if n == loop or (n.endswith("_fused") and loop in n))
+
+    for block in nests:  # the partition's parts sit in a block under the shared loops
+        names = loops("dw_acc_update_ic_0_common") + loops(block)
+        tiles = next(n for n in names if n.startswith("ic_0"))
+        chunk, taps = at(names, "b_ih_fused_0"), [at(names, t) for t in ("k_h", "k_w_0")]
+        assert max(taps) < names.index(tiles) < at(names, "b_ih_fused_1") < at(names, "iw")
+        assert chunk < names.index(tiles), names
+        if cores == 1:  # nothing to share out: every tap under the chunk loop
+            assert chunk < min(taps), names
+    assert ("T.parallel" in script) == (cores > 1)
