@@ -167,8 +167,9 @@ def test_one_and_many_core_kernels_agree_bitwise(c):
     dy, x = data(c, "float32")
     host = targets.current()
     one = kernel_for(c, "float32", host.with_cores(1))(dy, x)
-    many = kernel_for(c, "float32", host.with_cores(max(2, host.cores)))(dy, x)
-    assert np.array_equal(one, many)
+    for cores in (max(2, host.cores), 16):  # 16: the taps join the parallel blocks
+        many = kernel_for(c, "float32", host.with_cores(cores))(dy, x)
+        assert np.array_equal(one, many), cores
 
 
 @pytest.mark.parametrize("c", [CASES[0], CASES[3], CASES[7]], ids=case_id)
@@ -328,8 +329,10 @@ def test_row_tiles_run_innermost_under_the_chunk_and_tap_loops(cores):
     tgt = targets.get("x86-avx512").with_cores(cores)
     sch = dsl.auto_schedule(dw, tgt).s_tir([dy, x, dw])
     script = sch.mod.script()
-    nests = [b for b in ("dw_acc_update_ic_00", "dw_acc_update_ic_01") if f'T.sblock("{b}")' in script]
+    nests = [b for b in ("dw_acc_update_ic_00", "dw_acc_update_ic_01")
+             if f'T.sblock("{b}")' in script]
     assert len(nests) == 2, "a 12-row tile over 32 ic: two full tiles and a ragged one"
+
     def loops(block):
         return [sch.get(lp).loop_var.name for lp in sch.get_loops(sch.get_sblock(block))]
 
