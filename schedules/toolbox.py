@@ -197,9 +197,9 @@ def split_last_tile(sch, tiles) -> tuple:
     ``tiles`` is the loop over register tiles; what it holds is copied for each part. In a
     reduction nest, vectorise and split the init off first (``decompose_reduction`` above
     ``tiles``): TVM cannot vectorise a part of a partitioned reduction block, and the parts
-    of a plain update block keep the loops' annotations. Returns the
-    blocks ``(main, last)``: the full tiles' (None when there are none) and the last tile's,
-    each under a copy of the nest. The last tile's copy of ``tiles`` starts above 0: only
+    of a plain update block keep the loops' annotations. Returns the blocks ``(main,
+    last)``: the full tiles' (None when there are none) and the last tile's, each under a
+    copy of the nest. The last tile's copy of ``tiles`` starts above 0: only
     :func:`from_zero` of its loops may be split or fused."""
     count = extent(sch, tiles)
     if count == 1:
