@@ -304,19 +304,7 @@ def pack_dw_operands(sch, block, tile: Tile) -> list[str]:
     ``rf`` adjacent scalars and one ``vf``-wide row, and a chunk streams contiguous memory.
     Only a pack that dw and its exact twin alone read (dx reads ``y_pack`` row-wise).
     Returns the packs re-laid."""
-    from tvm.tirx import IndexMap
-
-    done = []
-    for i, r in enumerate(sch.get(block).reads):
-        name = r.source.name
-        width = {"cb_y_pack": tile.rf, "cb_x_pack": tile.vf}.get(name, 1)
-        if width == 1 or not _own_pack(sch, block, name):
-            continue
-        nd = len(r.source.shape)
-        sch.transform_layout(block, ("read", i), IndexMap.from_func(
-            _panels(width), ndim=nd, index_dtype="int32"))
-        done.append(name)
-    return done
+    return _to_panels(sch, block, {"cb_y_pack": tile.rf, "cb_x_pack": tile.vf})
 
 
 def pack_weight_panels(sch, block, tile: Tile) -> list[str]:
@@ -326,17 +314,28 @@ def pack_weight_panels(sch, block, tile: Tile) -> list[str]:
     of rows ``Cx`` floats apart, which at 256 channels (1 KB) fell into 8 of L1d's 64 sets,
     so the panel (kc rows) never stayed in L1 across the row tiles that reuse it (same-process
     A/B on 2 Emerald Rapids cores: conv1d, 256 channels, 1.02-1.03x; 3-D dx 1.03x; transposed
-    dx 1.035x)."""
+    dx 1.035x). Only where the tile's ``vf`` is narrower than Cx."""
+    return _to_panels(sch, block, {
+        r.source.name: tile.vf for r in sch.get(block).reads
+        if r.source.name in ("cb_w_adj", "cb_w_fwd") and tile.vf < int(r.source.shape[-1])})
+
+
+def _to_panels(sch, block, widths: dict) -> list[str]:
+    """Re-lay each pack ``block`` reads that ``widths`` names (pack -> panel width, 1: leave
+    it) as panels (:func:`_panels`), where the pack is ``block``'s own
+    (:func:`_own_pack`). Returns the packs re-laid."""
     from tvm.tirx import IndexMap
 
+    done = []
     for i, r in enumerate(sch.get(block).reads):
         name = r.source.name
-        if name in ("cb_w_adj", "cb_w_fwd") and tile.vf < int(r.source.shape[-1]) \
-                and _own_pack(sch, block, name):
-            sch.transform_layout(block, ("read", i), IndexMap.from_func(
-                _panels(tile.vf), ndim=len(r.source.shape), index_dtype="int32"))
-            return [name]
-    return []
+        width = widths.get(name, 1)
+        if width == 1 or not _own_pack(sch, block, name):
+            continue
+        sch.transform_layout(block, ("read", i), IndexMap.from_func(
+            _panels(width), ndim=len(r.source.shape), index_dtype="int32"))
+        done.append(name)
+    return done
 
 
 def _own_pack(sch, block, name: str) -> bool:
@@ -419,9 +418,9 @@ def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -
     ragged = stage != tag.CB_DW_ACC and n_sp <= 4
     flat = stage == tag.CB_DX_ACC and not rep and _flat_taps(_params(workload))
     tile = plan_tile(sch, block, vec, row, tgt, fuse_ok, group, ragged, flat)
-    packed = pack_dw_operands(sch, block, tile) \
-        if stage == tag.CB_DW_ACC and vec == n_sp - 1 else []
-    if stage != tag.CB_DW_ACC:
+    if stage == tag.CB_DW_ACC:
+        packed = pack_dw_operands(sch, block, tile) if vec == n_sp - 1 else []
+    else:
         packed = pack_weight_panels(sch, block, tile)
     tile_acc(sch, block, vec, row, tgt, fuse_ok, tile)
     workload.note(name, RULE, f"{what}: vector axis {vec}, unrolled rows on axis {row}, "

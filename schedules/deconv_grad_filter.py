@@ -243,15 +243,15 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores) -> None:
         split_last_tile(sch, tiles)
 
 
-def parallel_lead(extents_: list[int], cores: int) -> int:
-    """How many of the lead loops (their ``extents_``, outermost first: ``g``, the other
+def parallel_lead(sizes: list[int], cores: int) -> int:
+    """How many of the lead loops (their ``sizes``, outermost first: ``g``, the other
     tile axis, ``kh``, ``kw``) go above the chunk loop and across cores: the fewest (at
     least two) whose blocks share out evenly (:func:`schedules.toolbox.balance`), else those
     that share out best. A tap loop there costs a re-read of the broadcast operand's chunk
     from L2 per tap (dcgan bench layer, two cores: its two ``oc`` blocks run 1.08x faster
     than eight ``(oc, kh)`` blocks, and 32 blocks 0.82x)."""
-    counts = range(2, len(extents_) + 1)
-    return max(counts, key=lambda n: (min(balance(math.prod(extents_[:n]), cores),
+    counts = range(2, len(sizes) + 1)
+    return max(counts, key=lambda n: (min(balance(math.prod(sizes[:n]), cores),
                                           BALANCE_MIN), -n))
 
 

@@ -488,7 +488,7 @@ def _dy_regather(p: Plan, out_backprop):
         return _padded_dy(p, dy32, b, g * lay.cout_g + co, hp, wp)
 
     # lanes of one group read one dy channel: runs of gcd(Cin/g, 16) equal lanes
-    run = math.gcd(lay.cin_g, C0) if lay.cin_g > 1 else 1
+    run = math.gcd(lay.cin_g, C0)
     return te.compute((p.n, p.c1x, p.size_h, p.size_w, lay.cout_g, C0), dyg_body,
                       name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"),
                       attrs={tag.LANE_RUN: run} if run > 1 else None)
