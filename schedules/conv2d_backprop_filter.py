@@ -344,8 +344,8 @@ def transpose_stage(sch, block, target) -> None:
 
 
 def interleave_stage(sch, block, target) -> None:
-    """``x_pair [N, C1x, Hp, Wq, 16, 2]``: lane ``c`` of column ``q`` holds x's columns ``q``
-    and ``q + stride``. Vectorised across (lanes, pair) the columns alternate element by
+    """``x_pair [N, C1x, Hr, Wr, 16, 2]``: lane ``c`` of column ``q`` holds a pair of x's
+    columns ``stride`` apart. Vectorised across (lanes, pair) the columns alternate element by
     element, which LLVM loads one at a time (inserts); with the pair unrolled outside the
     lanes each column is one vector load, stored to every other element."""
     q, c0, pair = sch.get_loops(block)[-3:]

@@ -48,8 +48,10 @@ bfloat16 on a target with AVX512-BF16 (``GroupLayout.dot_depth``: dense layers w
 the lanes) sums pairs of Wo positions in one ``vdpbf16ps`` step instead, one 512-bit load
 holding 16 lanes x 2 products:
 
-``conv2d_backprop_filter.x_pair``  ``dw_x_pair [N, C1x, Hp, Wq, 16, 2]`` bf16: at padded
-    column ``q``, lane by lane, x's columns ``q`` and ``q + stride_w`` (zero in the padding).
+``conv2d_backprop_filter.x_pair``  ``dw_x_pair [N, C1x, Hr, Wr, 16, 2]`` bf16: the padded rows
+    and columns the reduction reads (every ``step``-th: a 1x1 layer reads every other column
+    of a pair), at column ``q`` lane by lane x's columns ``q`` and ``q + stride_w`` (zero in
+    the padding).
 ``conv2d_backprop_filter.dy_pair`` ``dw_dy_pair [N, CO, Ho, ceil(Wo/2), 2]`` bf16: each
     channel's Wo pairs side by side (one 32-bit broadcast), zero past an odd Wo.
 ``conv2d_backprop_filter.acc``    ``dw_acc`` as above, reduced over ``(n, ho, wo2, pair)``.
@@ -61,6 +63,7 @@ holding 16 lanes x 2 products:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from dsl.errors import (
@@ -419,23 +422,45 @@ def _acc_cout_lanes(p: Plan, xq, dy32, exact=None):
 
 
 def x_pairs(p: Plan, input_x):
-    """``x_pair [N, C1x, Hp, Wq, 16, 2]`` (``p.dot`` = 2): at padded column ``q``, lane by
-    lane, the x columns ``q`` and ``q + stride_w`` that one Wo pair meets, zero where the
-    column is padding or past x."""
+    """``x_pair [N, C1x, Hr, Wr, 16, 2]`` (``p.dot`` = 2): x's padded rows and columns that the
+    reduction reads, one in every :func:`_read_steps` (a 1x1 or dilated layer reads every
+    other column of a pair, a strided 1x1 every other row), each lane pairing x's columns
+    ``q`` and ``q + stride_w`` that one Wo pair meets, zero where the column is padding or
+    past x."""
     import tvm
     from tvm import te
 
     ah, aw = p.ah, p.aw
-    width = (_wo_pairs(p) - 1) * p.dot * aw.stride + (aw.kernel - 1) * aw.dilation + 1
+    step_h, step_w = _read_steps(p)
+    last_h = (ah.n_out - 1) * ah.stride + (ah.kernel - 1) * ah.dilation
+    last_w = (_wo_pairs(p) - 1) * p.dot * aw.stride + (aw.kernel - 1) * aw.dilation
 
-    def body(b, c1, hp, q, c0, j):
-        src_h, src_w = hp - ah.pad_before, q + j * aw.stride - aw.pad_before
+    def body(b, c1, i, q, c0, j):
+        src_h = i * step_h - ah.pad_before
+        src_w = q * step_w + j * aw.stride - aw.pad_before
         ok = tvm.tirx.all(src_h >= 0, src_h < ah.n_in, src_w >= 0, src_w < aw.n_in)
         val = input_x[b, c1, clamp_index(src_h, ah.n_in), clamp_index(src_w, aw.n_in), c0]
         return te.if_then_else(ok, val, tvm.tirx.const(0, p.dtype))
 
-    return te.compute((p.n, p.c1x, ah.x_padded_size, width, C0, p.dot), body,
-                      name="dw_x_pair", tag=tag.DW_X_PAIR)
+    shape = (p.n, p.c1x, last_h // step_h + 1, last_w // step_w + 1, C0, p.dot)
+    return te.compute(shape, body, name="dw_x_pair", tag=tag.DW_X_PAIR)
+
+
+def _read_steps(p: Plan) -> tuple[int, int]:
+    """The padded rows and pair columns the pair reduction reads, ``o * stride + k *
+    dilation`` (columns: ``o`` a Wo pair, stride ``dot * stride_w``), are the multiples of
+    ``(step_h, step_w)``: the gcd of the two steps (the stride alone for one tap)."""
+    def step(stride, ax):
+        return stride if ax.kernel == 1 else math.gcd(stride, ax.dilation)
+
+    return step(p.ah.stride, p.ah), step(p.dot * p.aw.stride, p.aw)
+
+
+def _read_index(o, stride: int, k, ax: ConvAxis, step: int):
+    """``(o * stride + k * dilation) / step`` in :func:`x_pairs`' rows or columns, written
+    affine (``step`` divides both terms; ``k`` is 0 for one tap)."""
+    tap = k * (ax.dilation // step) if ax.kernel > 1 else 0
+    return o * (stride // step) + tap
 
 
 def dy_pairs(p: Plan, out_backprop):
@@ -469,11 +494,12 @@ def _acc_dot(p: Plan, xq, dyq, exact):
     rh = te.reduce_axis((0, ah.n_out), name="ho")
     rw = te.reduce_axis((0, _wo_pairs(p)), name="wo2")
     rj = te.reduce_axis((0, p.dot), name="wo_dot")
+    step_h, step_w = _read_steps(p)
 
     def acc_body(cx1, k_h, k_w, co, cx0):
         dy = dyq[rn, co, rh, rw, rj].astype(acc)
-        xv = xq[rn, cx1, rh * ah.stride + k_h * ah.dilation,
-                rw * (p.dot * aw.stride) + k_w * aw.dilation, cx0, rj].astype(acc)
+        xv = xq[rn, cx1, _read_index(rh, ah.stride, k_h, ah, step_h),
+                _read_index(rw, p.dot * aw.stride, k_w, aw, step_w), cx0, rj].astype(acc)
         return te.sum(dy * xv, axis=[rn, rh, rw, rj])
 
     return te.compute((p.c1x, p.lay.kh, p.lay.kw, p.co_ext, C0), acc_body, name="dw_acc",

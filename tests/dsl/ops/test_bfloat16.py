@@ -55,6 +55,14 @@ DOT_CASES = [
     C(1, 40, 24, 13, 12, (3, 2), (3, 2), (2, 1, 0, 2), 2, 1),
     C(2, 33, 17, 11, 9, 1, 1, (0, 0, 0, 0), 1, 1),
 ]
+# dw's x_pair keeps only the rows and columns the reduction reads: a strided 1x1 with padding
+# (every other row, every fourth column), a dilated 3x3 at stride 1 (every other column), a
+# 1x1 at stride 3 whose odd Wo leaves a zero dy in its last pair
+DW_DOT_CASES = DOT_CASES + [
+    C(2, 24, 20, 9, 11, 1, 2, (1, 0, 2, 1), 1, 1),
+    C(1, 17, 32, 11, 12, 3, 1, (2, 2, 2, 2), 2, 1),
+    C(1, 16, 19, 7, 13, 1, (2, 3), (0, 1, 0, 0), 1, 1),
+]
 
 
 @pytest.mark.parametrize("c", DOT_CASES, ids=case_id)
@@ -76,10 +84,29 @@ def test_dx_bfloat16_dot_layout(c):
     assert_close(nc1hwc0_to_nchw(out5, c["cin"]).astype(np.float64), ref, "float32", case_id(c))
 
 
-@pytest.mark.parametrize("c", DOT_CASES, ids=case_id)
-def test_dw_bfloat16_dot_layout(c):
+def _host_without_tiles(monkeypatch):
+    """This machine as a target without AMX, registered for this test only (``dsl.load``
+    finds a kernel's target by name): its dot-product path is ``vdpbf16ps``, Zen 4's."""
+    import dataclasses
+
+    host = targets.get("host")
+    if not host.has_tiles("bfloat16"):
+        return None
+    tgt = dataclasses.replace(host, name="host-without-amx",
+                              isa=frozenset(f for f in host.isa if not f.startswith("amx")))
+    monkeypatch.setitem(targets._REGISTRY, tgt.name, tgt)
+    return tgt
+
+
+@pytest.mark.parametrize("tiles", [True, False], ids=["host", "without-amx"])
+@pytest.mark.parametrize("c", DW_DOT_CASES, ids=case_id)
+def test_dw_bfloat16_dot_layout(c, tiles, monkeypatch):
     """dw over pairs of Wo positions (``x_pair`` / ``dy_pair`` for vdpbf16ps; an odd Wo pads
-    its last pair with zero dy) is right on any host, as for dx above."""
+    its last pair with zero dy) is right on any host, as for dx above; on a host with AMX also
+    through the ``vdpbf16ps`` path."""
+    target = None if tiles else _host_without_tiles(monkeypatch)
+    if not tiles and target is None:
+        pytest.skip("the host has no AMX: its own run above is the non-tile path")
     from dsl.ops.conv2d_backprop_filter import dot_depth
     from dsl.ops.group import GroupLayout
 
@@ -87,13 +114,45 @@ def test_dw_bfloat16_dot_layout(c):
     with targets.use("sapphirerapids"):
         assert dot_depth("bfloat16", GroupLayout.from_weight(w_shape, 1), False) == 2
     x, dy = dw_data(c, "bfloat16")
-    out = dw_kernel(c, "bfloat16", "float32", layout_for="sapphirerapids")(
+    out = dw_kernel(c, "bfloat16", "float32", target=target, layout_for="sapphirerapids")(
         nchw_to_5hd(x), nchw_to_5hd(dy))
     ref = ref_dw(x.astype(np.float64), dy.astype(np.float64), w_shape, c["stride"], c["pads"],
                  c["dil"], 1)
     mask = weight_to_fracz(np.ones(w_shape, np.float32), 1) != 0
     assert not out[~mask].any(), "pad positions must be exactly zero"
     assert_close(fracz_to_weight(out, w_shape, 1), ref, "float32", case_id(c))
+
+
+@pytest.mark.parametrize("k,stride,dil,shape", [
+    (1, 1, 1, (1, 1, 9, 5, 16, 2)),   # 1x1: the even columns of each pair only
+    (1, 2, 1, (1, 1, 5, 3, 16, 2)),   # strided 1x1: every other row, every fourth column
+    (3, 1, 2, (1, 1, 13, 7, 16, 2)),  # dilation 2: every other column
+    (3, 1, 1, (1, 1, 11, 11, 16, 2)),  # 3x3: every padded row and column
+])
+def test_dw_x_pair_holds_only_what_the_reduction_reads(k, stride, dil, shape):
+    from tvm import te
+
+    from dsl.ops import tag
+
+    pad = dil * (k - 1) // 2
+    x = te.placeholder((1, 1, 9, 9, 16), name="fmap", dtype="bfloat16")
+    ho = (9 + 2 * pad - dil * (k - 1) - 1) // stride + 1
+    dy = te.placeholder((1, 1, ho, ho, 16), name="out_backprop", dtype="bfloat16")
+    with targets.use("sapphirerapids"):
+        dw = dsl.conv2d_backprop_filter(x, dy, (16, 16, k, k), {
+            "strides": [stride, stride], "padding": [pad] * 4, "dilations": [1, 1, dil, dil]})
+    stages = {t.op.tag: t for t in _stages(dw)}
+    assert tuple(int(d) for d in stages[tag.DW_X_PAIR].shape) == shape
+
+
+def _stages(out):
+    seen, todo = {}, [out]
+    while todo:
+        t = todo.pop()
+        if t.op.name not in seen:
+            seen[t.op.name] = t
+            todo.extend(getattr(t.op, "input_tensors", []))
+    return list(seen.values())
 
 
 @pytest.mark.parametrize("c", BF16_CASES, ids=case_id)
