@@ -310,8 +310,11 @@ def _operands(nest: _Nest):
     names = list(roles)
     loop_vars = [roles[r].loop_var for r in names]
     out = []
+    # the loops' ranges let a re-laid-out operand's [w // k, .., w % k] fold into the loops
+    bounds = {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent)
+              for lp in roles.values()}
     for buf, idx in [(store.buffer, store.indices), *loads]:
-        idx = [_subst(i, bind) for i in idx]
+        idx = [_subst(i, bind, bounds) for i in idx]
         coef = _coefficients(_flat(buf, idx), loop_vars)
         out.append(_Operand(buf, idx, dict(zip(names, coef))))
     c, a, b = out
@@ -437,11 +440,14 @@ def _row_bytes(op, axis: str = "rows"):
     return tirx.const(op.step[axis] * op.buffer.dtype.bits // 8, "int64")
 
 
-def _subst(expr, mapping: dict):
-    """``expr`` with each variable of ``mapping`` replaced by its expression (simplified)."""
+def _subst(expr, mapping: dict, bounds: dict | None = None):
+    """``expr`` with each variable of ``mapping`` replaced by its expression, simplified
+    knowing each variable of ``bounds`` lies in its range."""
     from tvm.sym import Analyzer
 
     ana = Analyzer()
+    for var, rng in (bounds or {}).items():
+        ana.bind(var, rng)
     for var, value in mapping.items():
         ana.bind(var, value)
     return ana.simplify(expr)

@@ -293,9 +293,20 @@ def amx_tiles(sch, block, target) -> str | None:
     cx1, kh, kw, co, cx0 = spatial
     k = largest_divisor(extent(sch, red[2]), amx.K_GROUPS)
     sch.split(red[2], [None, k])
+    _dy_rows_by_k(sch, block, k)
     t = amx.tile_reduction(sch, block, co, cx0, cx1, [cx1, kh, kw], target.cores)
     return (f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {t.mt}x{t.nt} accumulator tiles of "
             f"{t.rows} Cout x 16 lanes, Wo pairs {k} per tile row, every position under them")
+
+
+def _dy_rows_by_k(sch, block, k: int) -> None:
+    """``dy_pair [N, CO, Ho, Wo/2, 2]`` laid out ``[N, Ho, Wo/2/k, CO, k, 2]``: an A tile (a
+    row of ``k`` Wo pairs per Cout) is then one contiguous block, not 16 rows a channel's
+    whole ``Ho x Wo`` apart (each row a cache line or two of its own, in L2)."""
+    idx = next(i for i, r in enumerate(sch.get(block).reads)
+               if r.source.name == "dw_dy_pair")
+    sch.transform_layout(block, ("read", idx),
+                         lambda n, co, ho, w2, j: (n, ho, w2 // k, co, w2 % k, j))
 
 
 @schedules.register(tag.CONV2D_BACKPROP_FILTER, "x86")

@@ -3,6 +3,7 @@ kernel's structure for an AMX target (built anywhere, not run), and results agai
 float64 reference where this machine has AMX."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -163,6 +164,11 @@ def test_bfloat16_dw_gets_tiles_of_cout_rows():
     note, script = _dw_note(c, dataclasses.replace(SPR, cores=2))
     assert "AMX tdpbf16ps: 2x2 accumulator tiles of 16 Cout x 16 lanes, Wo pairs 14" in note
     assert script.count("llvm.x86.tdpbf16ps") == 4
+    # dy's tiles are laid out by the tile row: Cout rows of 14 pairs, 56 bytes apart, one
+    # contiguous block; x's tile rows step two paired columns (64 bytes each) per Wo pair
+    assert "dw_dy_pair = T.sblock_alloc_buffer((1, 8, 2, 64, 14, 2)" in script
+    loads = re.findall(r"tileloadd64\", T.int8\((\d)\), .*?T.int64\((\d+)\)\)", script)
+    assert sorted(set(loads)) == [("4", "56"), ("5", "56"), ("6", "128"), ("7", "128")]
     note, script = _dw_note(c, targets.get("znver4"))
     assert "AMX" not in note and "tdpbf16ps" not in script
 
