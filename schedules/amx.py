@@ -151,6 +151,8 @@ def lower_tiles(func):
     ``func`` itself when nothing is marked."""
     from schedules.rewrite import rebuild
 
+    views: dict = {}  # bfloat16 operand buffer name -> (buffer, raw view), one for all nests
+
     def configure(loop):
         if CONFIGURE not in loop.annotations:
             return None
@@ -159,7 +161,7 @@ def lower_tiles(func):
         def tiles(inner):
             if ANNOTATION not in inner.annotations:
                 return None
-            new, used = _tile_loop(inner)
+            new, used = _tile_loop(inner, views)
             clash = {t for t in used if shapes.get(t, used[t]) != used[t]}
             if clash:  # one configuration serves the loop: its nests must agree on shapes
                 raise RuntimeError(f"{CONFIGURE}: tiles {sorted(clash)} take two shapes "
@@ -173,7 +175,7 @@ def lower_tiles(func):
     body = rebuild(func.body, lambda block: None, configure)
     if body.same_as(func.body):
         return func
-    return func.with_body(_with_permission(body))
+    return func.with_body(_with_permission(body, list(views.values())))
 
 
 def _unmarked(loop, key: str, body=None):
@@ -199,9 +201,13 @@ def _configured(body, shapes: dict):
     return tirx.SeqStmt([configure, body, _intrin("llvm.x86.tilerelease")])
 
 
-def _with_permission(body):
-    """``body`` after the request for the tile state (inside the root block, whose buffers
-    every statement may use)."""
+def _with_permission(body, views=()):
+    """``body`` after the request for the tile state and the raw views (``(buffer, view)``
+    pairs), inside the root block, whose buffers every statement may use. Each buffer is
+    touched there too (the address of its first element, which LLVM drops), so that TVM
+    allocates it whole at the root: a buffer computed inside a task's loop would otherwise
+    be allocated there and shrunk to the task's part (CompactBufferAllocation), which the
+    view's element offsets, taken from the whole buffer, know nothing of."""
     import tvm
     from tvm import s_tir, tirx
 
@@ -210,10 +216,13 @@ def _with_permission(body):
     ask = tirx.Evaluate(tirx.call_extern("int64", "syscall", tirx.const(_SYS_ARCH_PRCTL, "int64"),
                                          tirx.const(_ARCH_REQ_XCOMP_PERM, "int64"),
                                          tirx.const(_XFEATURE_XTILEDATA, "int64")))
+    pins = [tirx.Evaluate(tirx.address_of(tirx.BufferLoad(buf, [0] * len(buf.shape))))
+            for buf, _ in views]
+    first = [ask, *pins, *(tirx.DeclBuffer(view, data=buf.data) for buf, view in views)]
     if isinstance(body, s_tir.SBlockRealize):
-        block = with_block(body.block, body=tvm.tirx.SeqStmt([ask, body.block.body]))
+        block = with_block(body.block, body=tvm.tirx.SeqStmt([*first, body.block.body]))
         return s_tir.SBlockRealize(body.iter_values, body.predicate, block)
-    return tvm.tirx.SeqStmt([ask, body])
+    return tvm.tirx.SeqStmt([*first, body])
 
 
 @dataclass
@@ -340,7 +349,7 @@ def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
                            f"(buffer, loop, step, wanted): {bad}")
 
 
-def _tile_loop(loop):
+def _tile_loop(loop, views: dict):
     """The marked loop over a task's register tiles (:func:`tile_reduction`) with each
     iteration's nest rewritten (:func:`_tile_nest`) and what follows the nest in the loop's
     body (the tile's write-back) kept; and the tile shapes it uses."""
@@ -350,14 +359,15 @@ def _tile_loop(loop):
     body = loop.body
     parts = list(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else [body]
     nest = _take_apart(parts[0], int(loop.annotations[ANNOTATION]))
-    tiles, shapes = _tile_nest(nest)
+    tiles, shapes = _tile_nest(nest, views)
     new_body = tirx.SeqStmt([tiles, *parts[1:]]) if len(parts) > 1 else tiles
     return _unmarked(loop, ANNOTATION, new_body), shapes
 
 
-def _tile_nest(nest: _Nest):
+def _tile_nest(nest: _Nest, views: dict):
     """The tile instructions of one register tile's nest, and the tile shapes they need
-    (tile number -> (rows, bytes per row))."""
+    (tile number -> (rows, bytes per row)); the raw views of its bfloat16 operands are
+    added to ``views`` (declared once, by :func:`_with_permission`)."""
     from tvm import s_tir, tirx
 
     (c, a, b), has_init = _operands(nest)
@@ -372,8 +382,9 @@ def _tile_nest(nest: _Nest):
     shapes.update({t: (rows, k_bytes) for t in a_tile})
     shapes.update({t: (int(nest.k.extent), ROW_BYTES) for t in b_tile})
     raw = [op.buffer for op in (a, b) if str(op.buffer.dtype) == "bfloat16"]
-    views = {buf.name: _raw_view(buf) for buf in raw}
-    at = _addresser(nest, views)
+    for buf in raw:
+        views.setdefault(buf.name, (buf, _raw_view(buf)))
+    at = _addresser(nest, {name: view for name, (_, view) in views.items()})
 
     steps = [_tile_load(a_tile[m], at(a, m=m), _row_bytes(a)) for m in range(mt)]
     steps += [_tile_load(b_tile[n], at(b, n=n), _row_bytes(b, "k")) for n in range(nt)]
@@ -391,12 +402,7 @@ def _tile_nest(nest: _Nest):
     blk = s_tir.SBlock([], region[1:] + ([region[0]] if not has_init else []), region[:1],
                        f"{nest.realize.block.name_hint}_amx",
                        tirx.SeqStmt(first + [step_loop] + last))
-    realize = s_tir.SBlockRealize([], True, blk)
-    if not raw:
-        return realize, shapes
-    # declared inside the block, FlattenBuffer would meet the views' uses first
-    declare = [tirx.DeclBuffer(views[buf.name], data=buf.data) for buf in raw]
-    return tirx.SeqStmt([*declare, realize]), shapes
+    return s_tir.SBlockRealize([], True, blk), shapes
 
 
 def _raw_view(buf):

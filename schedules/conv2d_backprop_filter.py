@@ -294,9 +294,24 @@ def amx_tiles(sch, block, target) -> str | None:
     k = largest_divisor(extent(sch, red[2]), amx.K_GROUPS)
     sch.split(red[2], [None, k])
     _dy_rows_by_k(sch, block, k)
+    one_tap = extent(sch, kh) * extent(sch, kw) == 1
     t = amx.tile_reduction(sch, block, co, cx0, cx1, [cx1, kh, kw], target.cores)
-    return (f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {t.mt}x{t.nt} accumulator tiles of "
+    note = (f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {t.mt}x{t.nt} accumulator tiles of "
             f"{t.rows} Cout x 16 lanes, Wo pairs {k} per tile row, every position under them")
+    if one_tap:
+        _x_pairs_per_task(sch, block)
+        note += "; each task pairs its own x channels"
+    return note
+
+
+def _x_pairs_per_task(sch, block) -> None:
+    """``dw_x_pair`` computed in each task (a block of x channels; a 1x1 layer has no tap to
+    share them) just before its tiles read it, from L2, instead of all of x paired first
+    (as large as x: out of L2 by the time the tiles come to it)."""
+    loops = sch.get_loops(block)
+    tiles = next(i for i, lp in enumerate(loops) if amx.ANNOTATION in sch.get(lp).annotations)
+    pair = next(b for b in sch.get_producers(block) if sch.get(b).name_hint == "dw_x_pair")
+    sch.compute_at(pair, loops[tiles - 1], preserve_unit_loops=True)
 
 
 def _dy_rows_by_k(sch, block, k: int) -> None:
@@ -368,6 +383,11 @@ def interleave_stage(sch, block, target) -> None:
 
 def _parallel_rows(sch, block, target) -> None:
     """A pair stage's rows (its first three loops: image, channel block, row) across cores,
-    when it is large enough to pay for them."""
-    if extents(sch, sch.get_loops(block)) >= PARALLEL_MIN_ELEMS and target.cores > 1:
+    when it is large enough to pay for them and not already inside a parallel task."""
+    import tvm
+
+    loops = sch.get_loops(block)
+    if any(sch.get(lp).kind == tvm.tirx.ForKind.PARALLEL for lp in loops):
+        return
+    if extents(sch, loops) >= PARALLEL_MIN_ELEMS and target.cores > 1:
         parallel_outer(sch, block, max_fuse=3)

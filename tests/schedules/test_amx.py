@@ -173,6 +173,20 @@ def test_bfloat16_dw_gets_tiles_of_cout_rows():
     assert "AMX" not in note and "tdpbf16ps" not in script
 
 
+def test_bfloat16_1x1_dw_pairs_x_in_each_task():
+    """A 1x1 layer has no taps to share x's pairs: each task (a block of x channels) pairs
+    its own just before its tiles read them, and the buffer stays whole at the root (a
+    task-sized copy would not match the tile addresses)."""
+    c = C(2, 64, 32, 6, 8, 1, 1, (0, 0, 0, 0), 1, 1)
+    note, script = _dw_note(c, dataclasses.replace(SPR, cores=2))
+    assert "each task pairs its own x channels" in note
+    task = script.index("in T.parallel(")
+    assert task < script.index('T.sblock("dw_x_pair")') < script.index("tdpbf16ps")
+    assert script.index("T.address_of(dw_x_pair[0, 0, 0, 0, 0, 0])") < task
+    note, _ = _dw_note(C(2, 64, 32, 6, 8, 3, 1, (1, 1, 1, 1), 1, 1), SPR)
+    assert "each task" not in note  # a 3x3's taps share the pairs: paired once, up front
+
+
 # dense dw through tiles: batch 2 with 2 x 2 tiles; stride 2, asymmetric padding, odd Cout (a
 # partial tile of rows), odd Wo (the pair past it is zero); dilation 2 with 3x2 taps; 1x1
 AMX_DW_CASES = [
