@@ -45,19 +45,17 @@ annotations (none for one core) and the order of independent tiles differ.
 from __future__ import annotations
 
 import json
-import math
 
 from dsl.ops import tag
 from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.toolbox import (
-    BALANCE_MIN,
     accumulator_registers,
-    balance,
     divisors,
     extent,
     fill_vector_factor,
     largest_divisor,
+    lead_loops,
     parallel,
     root_blocks,
     row_tile,
@@ -250,9 +248,7 @@ def parallel_lead(sizes: list[int], cores: int) -> int:
     that share out best. A tap loop there costs a re-read of the broadcast operand's chunk
     from L2 per tap (dcgan bench layer, two cores: its two ``oc`` blocks run 1.08x faster
     than eight ``(oc, kh)`` blocks, and 32 blocks 0.82x)."""
-    counts = range(2, len(sizes) + 1)
-    return max(counts, key=lambda n: (min(balance(math.prod(sizes[:n]), cores),
-                                          BALANCE_MIN), -n))
+    return lead_loops(sizes, cores)
 
 
 def _vector_axis_last(sch, block, cfg, first: int) -> None:

@@ -156,6 +156,17 @@ def balance(tasks: int, cores: int) -> float:
     return tasks / (cores * -(-tasks // cores))
 
 
+def lead_loops(sizes: list[int], cores: int, least: int = 2) -> int:
+    """How many of a nest's lead loops (their ``sizes``, outermost first) to run across
+    ``cores``: the fewest (at least ``least``) whose blocks share out evenly (:func:`balance`
+    at least :data:`BALANCE_MIN`), else those that share out best. The loops left below
+    share what the blocks above them read (a tap loop below the reduction chunks reads the
+    chunk from L1 / L2 again; above them, from memory)."""
+    counts = range(min(least, len(sizes)), len(sizes) + 1)
+    return max(counts, key=lambda n: (min(balance(math.prod(sizes[:n]), cores),
+                                          BALANCE_MIN), -n))
+
+
 def task_share(tasks: int, cores: int) -> float:
     """How well ``tasks`` equal tasks keep ``cores`` busy: :func:`balance`, scaled down
     below two tasks per core (a core with one task has no slack for a slow one)."""

@@ -1,6 +1,8 @@
 """What the x86 rule of ``convolution_backward`` is meant to do, checked on the scheduled TIR
 and against the float64 reference (not on timings)."""
 
+import re
+
 import numpy as np
 import pytest
 from tvm import te
@@ -231,6 +233,51 @@ def test_dw_blocks_shrink_until_the_tasks_share_out_evenly(cores, blocks):
     sch = dsl.auto_schedule(dw, target=targets.get("x86-avx512").with_cores(cores))
     why = {s: why for s, _, why in dsl.explain(sch).stages}["cb_dw_acc"]
     assert f"8 x 32 register tile, {blocks} tiles per" in why, why
+
+
+def _dw3d(cores: int):
+    """dw of a 3-D layer of 64 channels scheduled for ``cores``: its note and lowered TIR."""
+    from dsl.runtime.build import lower
+
+    c = G(3, 1, 64, 64, (6, 7, 8), 3, 1, 1)
+    go = te.placeholder(c["dy"], name="grad_output")
+    x = te.placeholder(c["x"], name="input")
+    w = te.placeholder(c["w"], name="weight")
+    dw = convolution_backward(go, x, w, None, [1] * 3, [1] * 3, [1] * 3, False, [0] * 3, 1,
+                              [False, True, False])[1]
+    sch = dsl.auto_schedule(dw, target=targets.get("x86-avx512").with_cores(cores))
+    why = {s: why for s, _, why in dsl.explain(sch).stages}["cb_dw_acc"]
+    return why, lower(sch, "k", [go, x, dw]).script()
+
+
+@pytest.mark.parametrize("cores, blocks", [(2, 2), (3, 3), (16, 16)])
+def test_dw_taps_run_inside_each_reduction_chunk(cores, blocks):
+    """The tile blocks (row x vector blocks) run across cores, the first tap axis joining
+    them where they are too few to share out (3 cores: 1 block x 3 taps); every other tap
+    loop lies below the chunk loop, reading the chunk again from cache."""
+    why, script = _dw3d(cores)
+    assert why.endswith("the taps inside each chunk"), why
+    acc = script[script.rindex("T.parallel(", 0, script.index('T.sblock("cb_dw_acc_update")')):
+                 script.index('T.sblock("cb_dw_acc_update")')]
+    assert acc.startswith(f"T.parallel({blocks})"), acc[:40]
+    loops = re.findall(r"for (.+?) in", acc)
+    names = [n.strip() for lp in loops for n in lp.split(",")]
+    chunk = next(i for i, n in enumerate(names) if n.startswith("o1_0"))
+    assert any(n.startswith("i2") for n in names[chunk:]), names  # kw below the chunk
+
+
+@pytest.mark.parametrize("cores", [2, 3, 16])
+def test_dw_with_taps_inside_agrees_bitwise_across_core_counts(cores):
+    """Each weight sums its chunks in the same order on every core count."""
+    c = G(3, 2, 20, 24, (5, 6, 7), 3, 1, 1)
+    dy, x, w = data(c, seed=5)
+    with targets.use(targets.get("host").with_cores(1)):
+        one = call(c, dy, x, w, mask=[False, True, False])[1]
+    with targets.use(targets.get("host").with_cores(cores)):
+        many = call(c, dy, x, w, mask=[False, True, False])[1]
+    np.testing.assert_array_equal(one, many)
+    ref = reference(c, dy, x, w)[1]
+    assert np.abs(one - ref).max() <= 2e-5 * max(1.0, np.abs(ref).max())
 
 
 @pytest.mark.parametrize("bad", [None, np.nan], ids=["finite", "nan"])

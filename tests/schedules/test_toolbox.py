@@ -181,6 +181,17 @@ def test_task_share(tasks, cores, share):
     assert tb.task_share(tasks, cores) == pytest.approx(share)
 
 
+@pytest.mark.parametrize("sizes, cores, n", [
+    ([2, 1, 3, 3, 3], 2, 2),    # two blocks: one per core, the taps below the chunks
+    ([1, 1, 3, 3, 3], 3, 3),    # one block: the first tap axis joins (3 blocks on 3 cores)
+    ([2, 1, 3, 3, 3], 16, 5),   # 54 blocks share 16 cores best (27/32 busy), none evenly
+    ([8, 2, 3, 3, 3], 16, 2),   # 16 blocks: one per core
+    ([5], 2, 1),                # fewer loops than the least asked for
+])
+def test_lead_loops_takes_the_fewest_that_share_out_evenly(sizes, cores, n):
+    assert tb.lead_loops(sizes, cores) == n
+
+
 def test_sharing_choice_takes_the_first_that_shares_out_else_the_best():
     # rows per task over a 56-row image, 2 blocks of channels, 16 cores: 28 and 14 rows
     # leave cores idle, 1 row (112 tasks) is the first that fills them
