@@ -265,8 +265,10 @@ def schedule_dx_x86(sch, workload) -> None:
         block = workload.find(sch, stage)
         if block is None:
             continue
-        run = int(sch.get(block).annotations.get(tag.LANE_RUN, 0))
-        tb.elementwise_c0(sch, block, target, run=run)
+        notes = sch.get(block).annotations
+        run, src = int(notes.get(tag.LANE_RUN, 0)), int(notes.get(tag.SOURCE_RUN, 0))
+        tb.elementwise_c0(sch, block, target, run=run or src)
         workload.note(sch.get(block).name_hint, RULE,
                       f"regathered dy: runs of {run} equal lanes, one load each" if run
-                      else "elementwise 5HD stage")
+                      else f"re-blocked dy: runs of {src} lanes from one 5HD block, one vector "
+                      "load each" if src else "elementwise 5HD stage")

@@ -430,11 +430,13 @@ def dy_stage(p: Plan, out_backprop):
 
 def _dy_int8_dense(p: Plan, out_backprop):
     """int8 dy (blocks of 32) padded and re-blocked to ``[N, C1y, Hp, Wp, 16]`` int32 (minus
-    ``offset_x``), the 5HD the dense reduction reads; pad channels meet zero weights."""
+    ``offset_x``), the 5HD the dense reduction reads; pad channels meet zero weights. Every
+    block of 16 lies inside one of dy's blocks of 32 (which hold at least as many channels),
+    so the read needs no clamp, and without one each block is a contiguous run."""
     from tvm import te
 
     def body(b, c1, hp, wp, c0):
-        return _padded_dy(p, out_backprop, b, te.min(c1 * C0 + c0, p.cout - 1), hp, wp)
+        return _padded_dy(p, out_backprop, b, c1 * C0 + c0, hp, wp)
 
     return te.compute((p.n, p.c1y, p.size_h, p.size_w, C0), body, name="dx_dy_pad",
                       tag=tag.stage(TAG, "dy_pad"))
@@ -459,16 +461,24 @@ def _dy_dot(p: Plan, out_backprop):
         return pad_cast_5hd_compute(out_backprop, (p.pad_h, p.pad_w), (p.size_h, p.size_w),
                                     p.dtype, name="dx_dy_pad", tag=tag.stage(TAG, "dy_pad"))
 
+    blocks = p.dy_shape[1]  # 5HD blocks of p.c0y channels out_backprop holds
+
     def body(b, c1, hp, wp, c0):
         ch = c1 * p.k0 + c0
-        val = _padded_dy(p, out_backprop, b, te.min(ch, p.cout - 1), hp, wp,
+        # clamped only where the blocks reach past the buffer: a clamp on every read hides
+        # that each 5HD block's run of lanes is contiguous (LLVM gathered it byte by byte)
+        read = ch if p.c1k * p.k0 <= blocks * p.c0y else \
+            te.min(ch // p.c0y, blocks - 1) * p.c0y + ch % p.c0y
+        val = _padded_dy(p, out_backprop, b, read, hp, wp,
                          "raw" if bf16 or p.signed else "unsigned")
         if p.cout % p.k0 == 0 or not bf16:  # int8 is finite: its pad channels may copy
             return val
         return te.if_then_else(ch < p.cout, val, tvm.tirx.const(0, p.dtype))
 
+    run = math.gcd(p.k0, p.c0y)
     return te.compute((p.n, p.c1k, p.size_h, p.size_w, p.k0), body, name="dx_dy_pad",
-                      tag=tag.stage(TAG, "dy_pad"))
+                      tag=tag.stage(TAG, "dy_pad"),
+                      attrs={tag.SOURCE_RUN: run} if run < p.k0 else None)
 
 
 def _dy_regather(p: Plan, out_backprop):

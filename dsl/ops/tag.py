@@ -74,6 +74,10 @@ EXACT_TWIN = "dsl_exact_twin"
 # Block annotation of a stage whose C0 lanes come in runs of this many equal values (a grouped
 # dx's regathered dy: the lanes of one group read one dy channel).
 LANE_RUN = "dsl_lane_run"
+# Block annotation of a stage whose lanes (the last axis) come in runs of this many read
+# contiguously from one block of the source (dx's dy re-blocked into 64-byte AMX tile rows
+# from 5HD blocks of 16 or 32 channels): each run is one vector load.
+SOURCE_RUN = "dsl_source_run"
 
 LAYOUT_TAGS = (LAYOUT_TO_5HD, LAYOUT_FROM_5HD, LAYOUT_TO_FRACZ, LAYOUT_FROM_FRACZ)
 

@@ -92,6 +92,25 @@ def test_an_amx_target_gets_tile_products(dtype, instr):
     assert "T.parallel(2)" in script
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+@pytest.mark.parametrize("cout", [64, 48, 20])
+def test_dy_reblocked_into_tile_rows_reads_each_5hd_block_as_one_vector(dtype, cout):
+    """dy re-blocked from 5HD blocks (16 bf16 / 32 int8 channels) into 64-byte tile rows:
+    each source block's run of lanes is one vectorised loop over a contiguous read; the
+    channel index is clamped only where the rows reach past what out_backprop holds (Cout 20
+    in int8: one 32-channel block, rows of 64)."""
+    c = C(1, 32, cout, 6, 32, 1, 1, (0, 0, 0, 0), 1, 1)
+    note, script = _lowered(c, dtype, SPR)
+    run, row = (16, 32) if dtype == "bfloat16" else (32, 64)
+    clamped = -(-cout // row) * row > -(-cout // run) * run
+    assert f"re-blocked dy: runs of {run} lanes from one 5HD block" in note, note
+    at = script.index('T.sblock("dx_dy_pad")')
+    stage = script[script.rindex("\n        for ", 0, at):script.index("\n        for ", at)]
+    assert f"T.vectorized({run})" in stage
+    read = re.search(r"T.reads\(out_backprop\[(.*)\]\)", stage).group(1)
+    assert ("T.min(" in read) == clamped, read
+
+
 def test_int8_offset_x_needs_weight_sums_only_for_stride_holes():
     """Signed bytes read offset_x in the padding as they are, so a stride-1 int8 dx with
     offset_x != 0 is the tile sum itself, written from the tiles; a strided one adds offset_x
