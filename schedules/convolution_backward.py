@@ -13,12 +13,12 @@ outer-product loop nest:
   guard is left in the full tiles' loops;
 * the tile's accumulators live in a ``local`` cache (promoted to registers by LLVM), written
   back once per tile; of the loops outside the tile, the outermost with at least two
-  iterations per core runs in parallel. dw runs its taps inside each reduction chunk (every
-  tap reads the chunk of dy and x from cache), the tile blocks and as many tap axes as share
-  out evenly across cores. They are not fused: TVM 0.27's ``fuse`` mis-simplifies
+  iterations per core runs in parallel. They are not fused: TVM 0.27's ``fuse`` mis-simplifies
   the stride-phase indices ``(t - t % s) // s`` of ``ConvAxis.dx_taps`` when ``t`` becomes a
   div/mod of the fused loop (a 3-D strided dx came out wrong), so no index of a tile loop is
-  rewritten that way.
+  rewritten that way. dw runs its taps inside each reduction chunk (every tap reads the
+  chunk of dy and x from cache); across cores go the tile blocks and as many tap axes as
+  share out evenly.
 
 Grouped layers: where the compute expanded a pack (``y_rep`` / ``x_rep``, few channels per
 group) the lanes read it contiguously (grad_weight then puts Y channels in lanes); elsewhere a
