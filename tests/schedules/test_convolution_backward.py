@@ -224,14 +224,7 @@ def test_dw_blocks_shrink_until_the_tasks_share_out_evenly(cores, blocks):
     # a 3-D dw of 64 channels: 27 taps x (64 / 8 rows / mb) x (64 / 32 lanes / nb) tasks;
     # 27 on 2 cores leaves one idle 1/28 of the time, 54 none; on 16 cores 27, 54, 108 and 216
     # tasks leave some idle, 432 (single tiles) none; 3 cores: 27 tasks share out exactly
-    c = G(3, 1, 64, 64, (6, 7, 8), 3, 1, 1)
-    go = te.placeholder(c["dy"], name="grad_output")
-    x = te.placeholder(c["x"], name="input")
-    w = te.placeholder(c["w"], name="weight")
-    dw = convolution_backward(go, x, w, None, [1] * 3, [1] * 3, [1] * 3, False, [0] * 3, 1,
-                              [False, True, False])[1]
-    sch = dsl.auto_schedule(dw, target=targets.get("x86-avx512").with_cores(cores))
-    why = {s: why for s, _, why in dsl.explain(sch).stages}["cb_dw_acc"]
+    why, _ = _dw3d(cores)
     assert f"8 x 32 register tile, {blocks} tiles per" in why, why
 
 
