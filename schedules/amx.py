@@ -319,9 +319,10 @@ def _operands(nest: _Nest):
     names = list(roles)
     loop_vars = [roles[r].loop_var for r in names]
     out = []
-    # the loops' ranges let a re-laid-out operand's [w // k, .., w % k] fold into the loops
+    # the loops' ranges let a re-laid-out operand's [w // k, .., w % k] fold into the loops;
+    # not a loop of one step: the range would fold its variable to 0 and hide its stride
     bounds = {lp.loop_var: tvm.ir.Range.from_min_extent(lp.min, lp.extent)
-              for lp in roles.values()}
+              for lp in roles.values() if int(lp.extent) > 1}
     for buf, idx in [(store.buffer, store.indices), *loads]:
         idx = [_subst(i, bind, bounds) for i in idx]
         coef = _coefficients(_flat(buf, idx), loop_vars)
@@ -334,14 +335,17 @@ def _operands(nest: _Nest):
 
 def _check_layout(c, a, b, nest: _Nest, ins: Instruction) -> None:
     """The steps the tile instructions take for granted: lanes and ``k x dot`` contiguous in
-    a row, rows evenly spaced, each operand independent of the other's axes."""
+    a row, rows evenly spaced, each operand independent of the other's axes. A loop of one
+    step has no stride to check (a Wo of 3 or 4 makes ``k`` one pair)."""
+    roles = nest.roles()
     want = [(c, "lanes", 1), (c, "k", 0), (c, "dot", 0),
             (a, "dot", 1), (a, "k", ins.dot), (a, "lanes", 0), (a, "n", 0),
             (b, "dot", 1), (b, "lanes", ins.dot), (b, "rows", 0), (b, "m", 0)]
     bad = [(op.buffer.name, role, op.step[role], step) for op, role, step in want
-           if op.step[role] != step]
+           if op.step[role] != step and int(roles[role].extent) > 1]
     # B's rows (one per k) may lie any distance apart: tileloadd takes the stride
-    bad += [(b.buffer.name, "k", b.step["k"], "> 0")] if b.step["k"] <= 0 else []
+    bad += [(b.buffer.name, "k", b.step["k"], "> 0")] \
+        if b.step["k"] <= 0 and int(nest.k.extent) > 1 else []
     k_bytes = nest.k_bytes(ins, a.buffer)
     bad += [(a.buffer.name, "k", k_bytes, f"<= {ROW_BYTES} bytes")] if k_bytes > ROW_BYTES else []
     if bad or int(nest.dot.extent) != ins.dot or int(nest.lanes.extent) != ROW_BYTES // 4:

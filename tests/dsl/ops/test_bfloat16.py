@@ -57,11 +57,13 @@ DOT_CASES = [
 ]
 # dw's x_pair keeps only the rows and columns the reduction reads: a strided 1x1 with padding
 # (every other row, every fourth column), a dilated 3x3 at stride 1 (every other column), a
-# 1x1 at stride 3 whose odd Wo leaves a zero dy in its last pair
+# 1x1 at stride 3 whose odd Wo leaves a zero dy in its last pair; a Wo of 2, whose tile
+# products are one pair deep (their k loop has one step)
 DW_DOT_CASES = DOT_CASES + [
     C(2, 24, 20, 9, 11, 1, 2, (1, 0, 2, 1), 1, 1),
     C(1, 17, 32, 11, 12, 3, 1, (2, 2, 2, 2), 2, 1),
     C(1, 16, 19, 7, 13, 1, (2, 3), (0, 1, 0, 0), 1, 1),
+    C(1, 64, 48, 10, 4, 2, (1, 2), (1, 1, 0, 0), 1, 1),  # Wo 2: one pair per tile row
 ]
 
 
