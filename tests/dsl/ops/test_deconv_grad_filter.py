@@ -340,12 +340,42 @@ def test_row_tiles_run_innermost_under_the_chunk_and_tap_loops(cores):
         return next(i for i, n in enumerate(names)
                     if n == loop or (n.endswith("_fused") and loop in n))
 
+    # dy padded per chunk where the taps stay inside the tasks (one oc block here: one
+    # core): the chunk is then rows of one image
+    outer, inner = ("ih_0", "ih_1") if cores == 1 else ("b_ih_fused_0", "b_ih_fused_1")
     for block in nests:  # the partition's parts sit in a block under the shared loops
         names = loops("dw_acc_update_ic_0_common") + loops(block)
         tiles = next(n for n in names if n.startswith("ic_0"))
-        chunk, taps = at(names, "b_ih_fused_0"), [at(names, t) for t in ("k_h", "k_w_0")]
-        assert max(taps) < names.index(tiles) < at(names, "b_ih_fused_1") < at(names, "iw")
+        chunk, taps = at(names, outer), [at(names, t) for t in ("k_h", "k_w_0")]
+        assert max(taps) < names.index(tiles) < at(names, inner) < at(names, "iw")
         assert chunk < names.index(tiles), names
         if cores == 1:  # nothing to share out: every tap under the chunk loop
             assert chunk < min(taps), names
     assert ("T.parallel" in script) == (cores > 1)
+
+
+@pytest.mark.parametrize("cores,in_chunk", [(1, True), (2, True), (4, False), (16, False)])
+def test_dy_is_padded_per_chunk_where_the_taps_stay_inside_a_task(cores, in_chunk):
+    # the dcgan bench layer's shape, smaller: vectors along oc read dy in place, two oc
+    # blocks (tasks of two cores), four by four taps (tasks from four cores on)
+    from tvm import te
+
+    c = D(2, 6, 7, 32, 12, 14, 64, 4, 2, 1, 1, 1)
+    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
+    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], group=c["g"])
+    tgt = targets.get("x86-avx512").with_cores(cores)
+    kernel = dsl.auto_schedule([dw], tgt)
+    sch = kernel.s_tir([dy, x, dw])
+    notes = {b: w for b, _, w in kernel.decisions}
+    assert (notes["dy_pad"] == "dy padded per K chunk, in cache") == in_chunk, notes
+    pad_loops = [sch.get(lp).loop_var.name for lp in sch.get_loops(sch.get_sblock("dy_pad"))]
+    # under the task loop(s) (g, oc_0: fused when parallel) and the chunk loops (b, ih_0)
+    chunk = pad_loops[:4] == ["g", "oc_0", "b", "ih_0"] or pad_loops[:3] == [
+        "g_oc_0_fused", "b", "ih_0"]
+    assert chunk == in_chunk, pad_loops
+    if targets.runnable(tgt):
+        dy_v, x_v = data(c, "float32", seed=7)
+        out = kernel_for(c, "float32", tgt)(dy_v, x_v)
+        assert_close(out, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
+                     "float32", case_id(c))
