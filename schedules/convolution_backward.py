@@ -10,7 +10,8 @@ outer-product loop nest:
   each reduction step loads one vector per row block and broadcasts one scalar per row. For
   dx of 1-D and 2-D layers whose row axis has no divisor that fills 3/4 of the rows, full
   tiles and a ragged last tile, each in a loop nest of its own (``loop_partition``), so no
-  guard is left in the full tiles' loops;
+  guard is left in the full tiles' loops -- unless whole tiles still cover the FMA latency
+  1.5 times over and let grad_input be written from cache (:func:`_tile_rows`);
 * the tile's accumulators live in a ``local`` cache (promoted to registers by LLVM), written
   back once per tile; of the loops outside the tile, the outermost with at least two
   iterations per core runs in parallel. They are not fused: TVM 0.27's ``fuse`` mis-simplifies
@@ -138,8 +139,9 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
     ext = [extent(sch, lp) for lp in loops]
     lanes = target.lanes("float32")
     vf = register_factor(group or ext[vec], lanes)
-    budget = max(1, accumulator_registers(target) // -(-vf // lanes))
-    rf = row_tile(ext[row], budget) if ragged else largest_divisor(ext[row], budget)
+    vectors = -(-vf // lanes)
+    budget = max(1, accumulator_registers(target) // vectors)
+    rf = _tile_rows(ext[row], budget, vectors, target, ragged and fuse_ok, ragged)
     tiles = ext[row] // rf  # full ones: a ragged last tile is a loop nest of its own
     kc, kc2 = chunk_steps(ext[n_sp:])
     l2 = target.l2_kib << 10
@@ -164,6 +166,32 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
 
     (mb, nb), _ = sharing_choice(blocks(mb, nb), tasks, target.cores)
     return Tile(vf, rf, mb, nb, kc, ext[row] % rf, kc2, flat)
+
+
+# Whole row tiles where they hold this many times the accumulators the FMA pipes need in
+# flight (units x latency): then a ragged last tile is not worth its cost (see _tile_rows).
+LATENCY_COVER = 1.5
+
+
+def _tile_rows(rows: int, budget: int, vectors: int, target, restore: bool,
+               ragged: bool) -> int:
+    """Rows of the register tile over a row axis of ``rows``. Where a ragged last tile is
+    allowed (``ragged``), :func:`row_tile` decides, unless grad_input could be written from
+    each task's tile while it is in cache (``restore``: a task's block is then one loop nest,
+    see :func:`_restore_in_cache`) and the largest divisor of ``rows`` still keeps the FMA
+    pipes fed (:data:`LATENCY_COVER`): the ragged tile's nest costs that write its own pass
+    over grad_input (one EMR core, same-process A/B: conv1d dx of 1024 positions 8 x 32
+    whole tiles 1.035x faster than 12 x 32 and a last tile of 4, the transposed dx of 28
+    positions 7 x 32 1.12x faster than 12 + 12 + 4; on a Zen 3 the conv1d's 4 rows of two
+    vectors, 8 accumulators where its pipes need 8, lost to 6 rows and a last tile of 4,
+    which this keeps)."""
+    whole = largest_divisor(rows, budget)
+    if not ragged:
+        return whole
+    need = LATENCY_COVER * target.fma_units * target.fma_latency
+    if restore and whole * vectors >= need:
+        return whole
+    return row_tile(rows, budget)
 
 
 def chunk_steps(reduce: list[int]) -> tuple[int, int]:

@@ -131,6 +131,34 @@ def test_row_tile_is_exact_where_a_divisor_fills_the_registers():
     assert "5 x 16 register tile" in acc["cb_dx_acc"] and "last tile" not in acc["cb_dx_acc"]
 
 
+# AVX-512, 64 channels: two vectors, 12 rows of accumulators. Whole tiles where the row
+# axis has a divisor whose tiles hold 1.5x the 8 accumulators the FMA pipes need in flight
+# and grad_input can be written from each task's tile (no stride phases); else 12-row
+# tiles and a ragged last one
+WHOLE_OR_RAGGED = [  # (call, rows per tile, rows of the last tile or 0)
+    (G(1, 2, 64, 16, 56, 3, 1, 1), 8, 0),                                # 1-D: 7 x 8
+    (G(2, 2, 64, 16, (3, 28), 4, 2, 1, transposed=True), 7, 0),          # transposed up 2
+    (G(1, 2, 64, 16, 26, 3, 1, 1), 12, 2),                               # 2 x 2 too few
+    (G(1, 1, 64, 16, 58, 3, 2, 1), 12, 10),                              # stride 2: no restore
+]
+
+
+@pytest.mark.parametrize("c,rows,last", WHOLE_OR_RAGGED, ids=lambda v: gid(v)
+                         if isinstance(v, dict) else str(v))
+def test_dx_takes_whole_tiles_that_cover_the_fma_latency_and_restore_in_cache(c, rows, last):
+    stages = {s: why for s, _, why in
+              dsl.explain(_ragged_schedule(c, targets.get("x86-avx512"))).stages}
+    acc = stages.get("cb_dx_acc") or stages["cb_fwd_acc"]
+    assert f"{rows} x 32 register tile" in acc, acc
+    assert ("last tile" in acc) == bool(last), acc
+    if last:
+        assert f"the last tile of {last} rows in a loop nest of its own" in acc, acc
+    else:
+        assert "transposed in cache right after the task" in stages["grad_input"], stages
+    if targets.runnable(targets.get("x86-avx512")):
+        _dx_matches(c, "x86-avx512", seed=11)
+
+
 @pytest.mark.parametrize("bad", [None, np.nan, np.inf], ids=["finite", "nan", "inf"])
 @pytest.mark.parametrize("c", RAGGED, ids=gid)
 def test_dx_with_a_last_tile_matches_the_reference(c, bad):
