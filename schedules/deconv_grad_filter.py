@@ -16,7 +16,8 @@ Two shapes of loop nest:
   accumulates into ``dw_acc``, the row tiles innermost, so the tiles of a tap share its
   vectors from L1 and the taps share the chunk of the broadcast operand from L1/L2 (dcgan
   bench layer, one EMR core: 1.30x over tiles outermost). The blocks run across
-  ``target.cores`` threads (one parallel launch per call).
+  ``target.cores`` threads (one parallel launch per call). Where dy is read in place and
+  the taps stay inside the tasks, each chunk pads its own rows of dy in cache (``_blocked``).
 * few output tiles and a long K: the ``(b, ih)`` loop is split into ``P`` partial sums
   (``rfactor``) computed in parallel into ``local`` accumulator tiles, then added.
 
