@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import math
@@ -35,7 +36,8 @@ class Kernel:
     read in place is copied: strided or read-only arrays, torch's negative views; numpy
     bfloat16 is viewed (not copied); an output that overlaps an input is computed aside then
     copied in. Shapes, dtypes, devices and the argument count are checked before anything
-    runs (:class:`dsl.DslError`).
+    runs (:class:`dsl.DslError`). ``kernel.bind(...)`` does those checks once for a kernel
+    called many times on the same memory (:meth:`bind`).
     """
 
     def __init__(self, meta: dict, module, func):
@@ -87,6 +89,73 @@ class Kernel:
         if not self._run_in_place(args, True):
             self._call_checked(args)
         return out
+
+    def bind(self, *arrays, out=None) -> BoundCall:
+        """This kernel on these arrays, checked and converted once: ``run = k.bind(dy,
+        out=dx)``, then every ``run()`` is the generated function on the same memory with
+        nothing in Python in between (:class:`BoundCall`; a plain call spends 0.5-2 us per
+        call on argument tests). For a small kernel called many times on buffers whose
+        contents change between calls: preallocated workspaces, a benchmark.
+
+        Arguments as for a call: the inputs and ``out=``, or the inputs then the outputs; the
+        inputs alone allocate the outputs (``run.outputs``). Every argument must be usable in
+        place: C-contiguous, writeable (numpy's DLPack export refuses read-only arrays), no
+        torch negative or conjugate view, no output overlapping an input. What a plain call
+        would copy is refused here (:class:`dsl.DslError` naming the argument and the fix),
+        since a copy made once would go stale. The bound call keeps the arrays alive; their
+        contents may change between calls, their memory must not."""
+        if out is not None:
+            tp = type(out)
+            args = arrays + ((out,) if tp is not tuple and tp is not list else tuple(out))
+            given = len(arrays)
+        elif len(arrays) == self._n_in:
+            kind = (_kind(arrays[0]) if arrays else None) or "numpy"
+            args = arrays + tuple(_empty(s["shape"], s["dtype"], kind) for s in self.outputs)
+            given = self._n_in
+        else:
+            args, given = arrays, self._n_in
+        if len(args) != self._n_all or given != self._n_in:
+            raise fail(E_VALUE, f"{self.name}.bind(...)", len(arrays),
+                       f"takes {self._n_in} inputs and out= {self._n_out} outputs, or "
+                       f"{self._n_all} arrays (inputs then outputs)")
+        specs = (*self.inputs, *self.outputs)
+        checked = [self._check(i, s, a) for i, (s, a) in enumerate(zip(specs, args))]
+        views = [self._bound_view(i, s, a, kind, i >= self._n_in)
+                 for i, (s, (a, kind)) in enumerate(zip(specs, checked))]
+        spans = [_span(v, n) for v, n in zip(views, self._span_bytes)]
+        for j, i in self._pairs:
+            if spans[j][0] < spans[i][1] and spans[i][0] < spans[j][1]:
+                raise fail(E_VALUE, f"{self.name}.bind argument {j} ({specs[j]['name']})",
+                           "overlaps an input", "a bound output must not share memory with "
+                           f"input {i}; pass a separate array (a plain call computes aside)")
+        if self._order is not None:
+            views = [views[j] for j in self._order]
+        run = BoundCall(self.func, *views)
+        run.kernel, run.arrays = self, tuple(a for a, _ in checked)
+        outs = run.arrays[self._n_in:]
+        run.outputs = outs[0] if len(outs) == 1 else outs
+        return run
+
+    def _bound_view(self, i: int, spec: dict, a, kind: str, output: bool):
+        """``a`` as the generated function takes it, converted once (a TVM tensor on the
+        same memory), or a DslError saying why it cannot be used in place."""
+        import tvm_ffi
+
+        if kind == "numpy":
+            ok = a.flags.c_contiguous and a.flags.writeable
+            why = "C-contiguous and writeable (np.ascontiguousarray, or a copy)"
+        elif kind == "torch":
+            a = a.detach() if a.requires_grad else a
+            ok = a.is_contiguous() and not a.is_conj() and not a.is_neg()
+            why = "contiguous, not a negative or conjugate view (.contiguous() / .resolve_neg())"
+        else:
+            ok, why = a.is_contiguous(), "contiguous"
+        if not ok:
+            raise fail(E_VALUE, f"{self.name}.bind {self._where(i, spec)}", "not in place",
+                       f"must be {why}: a bound call hands its memory over as is")
+        if kind == "numpy":
+            return _numpy_view(a)
+        return tvm_ffi.from_dlpack(a) if kind == "torch" else a
 
     def _call_allocating(self, arrays: tuple):
         kind = _kind(arrays[0]) if arrays else "numpy"
@@ -232,6 +301,17 @@ class Kernel:
             raise fail(E_FILE, f"{self.name}(...)", str(exc).splitlines()[0][:200],
                        "the library refused arguments that match its .json (the .json was "
                        "edited, or the run failed, e.g. out of memory); rebuild it") from exc
+
+
+class BoundCall(functools.partial):
+    """A kernel bound to its arrays by :meth:`Kernel.bind`: ``run()`` runs the generated
+    function on them again (it returns None; the results are in the output arrays). A
+    ``functools.partial`` of the function and its DLPack views, so a call does no work in
+    Python. ``outputs`` (one array, or a tuple) and ``arrays`` (every argument, as given,
+    after the flat-to-shape reshape a call also does), ``kernel`` the :class:`Kernel`."""
+
+    def __repr__(self) -> str:
+        return f"<dsl.BoundCall {self.kernel.name}>"
 
 
 # --- argument conversion (zero copy where the generated code can read the memory as is) ---

@@ -19,14 +19,17 @@ and the median and the minimum of the single calls are printed: steadier than a 
 samples on a shared machine.
 
 ``out=`` is ``kernel(dy, out=dx)`` (the zero-copy path: DLPack, results written into ``dx``),
-``raw`` is ``kernel.func`` on DLPack views of the same arrays. Also ``numpy alloc``
-(``kernel(dy)``, allocating its result) and ``copying (old)``: what every call did before the
-zero-copy path (inputs copied into TVM tensors, the result copied back into numpy).
+``bind`` is ``run = kernel.bind(dy, out=dx)`` made once, then ``run()`` (the arguments
+checked and converted once), ``raw`` is ``kernel.func`` on DLPack views of the same arrays.
+Also ``numpy alloc`` (``kernel(dy)``, allocating its result) and ``copying (old)``: what every
+call did before the zero-copy path (inputs copied into TVM tensors, the result copied back
+into numpy).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 
 
 def _kernel(shape, dtype):
@@ -90,8 +93,10 @@ def candidates(kernel, dtype: str) -> dict:
     fns = {}
     for kind, (a, b) in mem.items():
         ra, rb = (a, b) if kind == "tvm" else (tvm_ffi.from_dlpack(a), tvm_ffi.from_dlpack(b))
-        fns[f"raw {kind}"] = lambda ra=ra, rb=rb: kernel.func(ra, rb)
+        # a partial, not a lambda: no Python frame of ours around the raw call
+        fns[f"raw {kind}"] = functools.partial(kernel.func, ra, rb)
         fns[f"{kind} out="] = lambda a=a, b=b: kernel(a, out=b)
+        fns[f"{kind} bind"] = kernel.bind(a, out=b)
     fns["numpy alloc"] = lambda a=mem["numpy"][0]: kernel(a)
     dx = np.empty(dx_shape, dtype)
 
@@ -142,7 +147,7 @@ def _per_call(fns: dict, rounds: int) -> dict:
     import statistics
     import time
 
-    groups = [[n for n in (f"raw {kind}", f"{kind} out=") if n in fns]
+    groups = [[n for n in (f"raw {kind}", f"{kind} out=", f"{kind} bind") if n in fns]
               for kind in _KINDS]
     groups += [[n] for n in fns if not any(n in g for g in groups)]
     out = {}
@@ -162,7 +167,8 @@ def _print(times: dict) -> None:
     raw = times["raw tvm"][0]
     print(f"{'call':<22s} {'median':>10s}  {'vs raw tvm':>10s}  {'vs raw, same memory':>19s}")
     for name, (t, low) in times.items():
-        own = times.get(f"raw {name[:-5]}") if name.endswith(" out=") else None
+        kind = name.rsplit(" ", 1)[0]
+        own = times.get(f"raw {kind}") if name.endswith((" out=", " bind")) else None
         mine = f"{t / own[0]:18.3f}x" if own else " " * 19
         extra = f"   (min {low * 1e6:.1f} us)" if low is not None else ""
         print(f"{name:<22s} {t * 1e6:7.1f} us  {t / raw:9.3f}x  {mine}{extra}")

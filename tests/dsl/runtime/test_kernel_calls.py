@@ -235,6 +235,69 @@ def test_refused_calls_write_nothing(kernel):
         kernel(_dy(), out=ro)
 
 
+# --- bind: checked and converted once, then the generated function alone per call --------
+
+def test_bind_runs_on_the_same_memory_every_call(kernel, copies):
+    dy = kmod._empty(DY_SHAPE, "float32", "numpy")
+    dy[...] = _dy()
+    dx = np.full(X_SHAPE, np.nan, np.float32)
+    copies.clear()
+    run = kernel.bind(dy, out=dx)
+    assert copies == [] and run.outputs is dx and run.kernel is kernel
+    assert run() is None
+    np.testing.assert_allclose(dx, _expect(dy), rtol=1e-6)
+    dy *= -2  # new contents, same memory: the next call reads them
+    run()
+    np.testing.assert_allclose(dx, _expect(dy), rtol=1e-6)
+    assert "BoundCall" in repr(run)
+
+
+def test_bind_allocates_outputs_of_the_inputs_kind(kernel):
+    dy = _dy()
+    run = kernel.bind(dy)
+    run()
+    assert isinstance(run.outputs, np.ndarray)
+    np.testing.assert_allclose(run.outputs, _expect(dy), rtol=1e-6)
+    t_dy, t_dx = tvm.runtime.tensor(dy), tvm.runtime.empty(X_SHAPE, "float32", tvm.cpu())
+    kernel.bind(t_dy, t_dx)()  # inputs then outputs, as a call takes them
+    np.testing.assert_allclose(t_dx.numpy(), _expect(dy), rtol=1e-6)
+
+
+def test_bind_torch_tensors(kernel):
+    torch = pytest.importorskip("torch")
+    dy = torch.from_numpy(_dy()).clone().requires_grad_()
+    dx = torch.full(X_SHAPE, float("nan"))
+    run = kernel.bind(dy, out=dx)
+    run()
+    torch.testing.assert_close(dx, torch.from_numpy(_expect(_dy())))
+    with torch.no_grad():
+        dy.mul_(3)
+    run()
+    torch.testing.assert_close(dx, torch.from_numpy(_expect(3 * _dy())))
+    with pytest.raises(dsl.DslError, match="negative"):
+        kernel.bind(torch._neg_view(dy.detach()), out=dx)
+
+
+def test_bind_refuses_what_a_call_would_copy(kernel):
+    dy, dx = _dy(), np.zeros(X_SHAPE, np.float32)
+    with pytest.raises(dsl.DslError, match="C-contiguous"):
+        kernel.bind(np.asfortranarray(dy), out=dx)
+    with pytest.raises(dsl.DslError, match="C-contiguous"):
+        kernel.bind(dy, out=np.zeros((2, 3, 6, 20), np.float32)[:, :, :, ::2])
+    ro = dy.copy()
+    ro.flags.writeable = False
+    with pytest.raises(dsl.DslError, match="writeable"):
+        kernel.bind(ro, out=dx)
+    buf = kmod._empty((dx.size,), "float32", "numpy")
+    with pytest.raises(dsl.DslError, match="overlaps an input"):
+        kernel.bind(buf[:dy.size].reshape(DY_SHAPE), out=buf)
+    with pytest.raises(dsl.DslError, match="dtype"):
+        kernel.bind(dy.astype(np.float64), out=dx)
+    with pytest.raises(dsl.DslError, match="bind"):
+        kernel.bind(dy, dx, dx)
+    assert (dx == 0).all()  # nothing ran
+
+
 def test_flat_strided_and_read_only_arguments_still_work(kernel):
     dy = _dy()
     want = _expect(dy)
