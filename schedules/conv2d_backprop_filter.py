@@ -279,7 +279,7 @@ def schedule_acc(sch, block, target, grouped: bool, params: dict) -> str:
     return f"N*Ho rows in {chunks} rfactor chunks" + (f" of {hs}-row chunks" if hs else "")
 
 
-def amx_tiles(sch, block, target) -> str | None:
+def amx_tiles(sch, workload, block, target) -> str | None:
     """AMX tiles for a bfloat16 pair reduction ``dw_acc [C1x, KH, KW, CO, 16]`` over ``(n, ho,
     wo2, pair)`` where the target has them (:mod:`schedules.amx`): Cout as tile rows (A: dy
     pairs, a row per channel), C1x blocks as the tiles' 16 lanes (B: x pairs, a row per Wo
@@ -293,33 +293,33 @@ def amx_tiles(sch, block, target) -> str | None:
     cx1, kh, kw, co, cx0 = spatial
     k = largest_divisor(extent(sch, red[2]), amx.K_GROUPS)
     sch.split(red[2], [None, k])
-    _dy_rows_by_k(sch, block, k)
+    _dy_rows_by_k(sch, workload, block, k)
     one_tap = extent(sch, kh) * extent(sch, kw) == 1
     t = amx.tile_reduction(sch, block, co, cx0, cx1, [cx1, kh, kw], target.cores)
     note = (f"AMX {ins.llvm.rsplit('.', 1)[-1]}: {t.mt}x{t.nt} accumulator tiles of "
             f"{t.rows} Cout x 16 lanes, Wo pairs {k} per tile row, every position under them")
     if one_tap:
-        _x_pairs_per_task(sch, block)
+        _x_pairs_per_task(sch, workload, block)
         note += "; each task pairs its own x channels"
     return note
 
 
-def _x_pairs_per_task(sch, block) -> None:
+def _x_pairs_per_task(sch, workload, block) -> None:
     """``dw_x_pair`` computed in each task (a block of x channels; a 1x1 layer has no tap to
     share them) just before its tiles read it, from L2, instead of all of x paired first
     (as large as x: out of L2 by the time the tiles come to it)."""
     loops = sch.get_loops(block)
     tiles = next(i for i, lp in enumerate(loops) if amx.ANNOTATION in sch.get(lp).annotations)
-    pair = next(b for b in sch.get_producers(block) if sch.get(b).name_hint == "dw_x_pair")
+    pair = workload.find(sch, tag.DW_X_PAIR)
     sch.compute_at(pair, loops[tiles - 1], preserve_unit_loops=True)
 
 
-def _dy_rows_by_k(sch, block, k: int) -> None:
+def _dy_rows_by_k(sch, workload, block, k: int) -> None:
     """``dy_pair [N, CO, Ho, Wo/2, 2]`` laid out ``[N, Ho, Wo/2/k, CO, k, 2]``: an A tile (a
     row of ``k`` Wo pairs per Cout) is then one contiguous block, not 16 rows a channel's
     whole ``Ho x Wo`` apart (each row a cache line or two of its own, in L2)."""
-    idx = next(i for i, r in enumerate(sch.get(block).reads)
-               if r.source.name == "dw_dy_pair")
+    pairs = sch.get(workload.find(sch, tag.DW_DY_PAIR)).writes[0].source
+    idx = next(i for i, r in enumerate(sch.get(block).reads) if r.source.same_as(pairs))
     sch.transform_layout(block, ("read", idx),
                          lambda n, co, ho, w2, j: (n, ho, w2 // k, co, w2 % k, j))
 
@@ -331,7 +331,7 @@ def schedule_dw_x86(sch, workload) -> None:
     params = json.loads(workload.attrs.get("dsl_params", "{}"))
     for acc in workload.find_all(sch, tag.DW_ACC):
         name = sch.get(acc).name_hint  # before decompose_reduction renames it
-        tiles = amx_tiles(sch, acc, target)
+        tiles = amx_tiles(sch, workload, acc, target)
         if tiles is not None:
             workload.note(name, RULE, tiles)
             continue
