@@ -120,7 +120,7 @@ class Kernel:
                        f"{self._n_all} arrays (inputs then outputs)")
         specs = (*self.inputs, *self.outputs)
         checked = [self._check(i, s, a) for i, (s, a) in enumerate(zip(specs, args))]
-        views = [self._bound_view(i, s, a, kind, i >= self._n_in)
+        views = [self._bound_view(i, s, a, kind)
                  for i, (s, (a, kind)) in enumerate(zip(specs, checked))]
         spans = [_span(v, n) for v, n in zip(views, self._span_bytes)]
         for j, i in self._pairs:
@@ -136,7 +136,7 @@ class Kernel:
         run.outputs = outs[0] if len(outs) == 1 else outs
         return run
 
-    def _bound_view(self, i: int, spec: dict, a, kind: str, output: bool):
+    def _bound_view(self, i: int, spec: dict, a, kind: str):
         """``a`` as the generated function takes it, converted once (a TVM tensor on the
         same memory), or a DslError saying why it cannot be used in place."""
         import tvm_ffi
