@@ -172,10 +172,24 @@ def _copy_if(flag, region, twin, at):
             f"a block reads {region.source.name} by region, not element by element: "
             "its exact twin cannot be swapped in")
     idx = [r.min for r in region.region]
-    cond = _flag_set(flag)
-    store = tvm.tirx.BufferStore(region.source,
-                                 tvm.tirx.BufferLoad(twin, [r.min for r in at.region]), idx)
+    src = [r.min for r in at.region]
+    # The reader may read only under a condition of its own (a 5HD lane past the channels
+    # is masked by an if_then_else around the load), where the index can lie outside the
+    # buffer; the copy is unconditional, so it keeps to both buffers' bounds: a copy past
+    # them wrote over the heap (a dw of 2 input channels in 16 lanes, a NaN in dy).
+    inside = [_within(i, d) for i, d in (*zip(idx, region.source.shape), *zip(src, twin.shape))]
+    cond = tvm.tirx.all(_flag_set(flag), *inside)
+    store = tvm.tirx.BufferStore(region.source, tvm.tirx.BufferLoad(twin, src), idx)
     return tvm.tirx.IfThenElse(cond, store, None)
+
+
+def _within(index, extent):
+    """``0 <= index < extent`` (lowering's simplifier drops it where the loop ranges prove
+    it, so a kernel whose reader stays in bounds keeps its vectorised copy)."""
+    import tvm
+
+    ty = str(index.ty)
+    return tvm.tirx.all(tvm.tirx.const(0, ty) <= index, index < tvm.tirx.const(int(extent), ty))
 
 
 def _written(block):

@@ -77,7 +77,8 @@ def test_dx_fallback_is_guarded_and_the_tile_still_writes_dx():
     # when the flag is set
     assert any(d[0] == "dx" and "register tile" in d[2] for d in sch.decisions), sch.decisions
     wb = script[script.index('sblock("dx_acc_local")'):]
-    assert "if dx_w_nonfinite[0] != T.int8(0):" in wb[:2000] and "dx_exact[" in wb[:2000]
+    # (and within the buffers' bounds: see the test below)
+    assert "if dx_w_nonfinite[0] != T.int8(0)" in wb[:2000] and "dx_exact[" in wb[:2000]
 
 
 def test_strided_dx_reads_each_phase_twin():
@@ -111,3 +112,35 @@ def test_a_twin_no_reader_takes_is_refused():
     sch.transform_layout(sch.get_sblock("a"), ("write", 0), lambda i: (i // 37, i % 37))
     with pytest.raises(NotImplementedError, match="twin"):
         take_exact_twins(sch.mod["main"])
+
+
+def test_twin_copy_stays_in_bounds_where_the_reader_masks_its_load():
+    # dw of 2 input channels: the FracZ write-back runs 16 lanes and reads the accumulators
+    # only for the 2 real ones (an if_then_else around the load). The twin's copy, before
+    # the reader, once ran for all 16 lanes: past the buffer, over the kernel's other
+    # accumulators (wrong results) and the heap (a segfault later in the process).
+    import targets
+    from dsl import layout
+
+    from helpers import dw_data, para
+    from reference import conv2d_backprop_filter as ref_dw
+
+    c = {"n": 1, "cin": 2, "cout": 11, "h": 1, "w": 4, "kh": 1, "kw": 2, "stride": (1, 1),
+         "pads": (2, 0, 0, 0), "dil": (1, 1), "groups": 1}
+    x_t = te.placeholder((1, 1, 1, 4, 16), name="fmap")
+    dy_t = te.placeholder((1, 1, 3, 3, 16), name="out_backprop")
+    dw_t = dsl.conv2d_backprop_filter(x_t, dy_t, (11, 2, 1, 2), para(c, res_dtype="float32"))
+    sch = dsl.auto_schedule(dw_t, targets.current())
+    func = lower(sch, "k", [x_t, dy_t, dw_t])
+    copies = re.findall(r"if dw_nonfinite\[0\] != T\.int8\(0\) and (.*):", func.script())
+    assert copies and all("lane" in cond for cond in copies), copies  # bounded by the lanes
+    run = compile_module(func, targets.current().tvm_target())["k"]
+    x, dy = dw_data(c, "float32", 2)
+    dy[0, 0, 0, 0] = np.nan  # it meets only padding: no NaN in dw
+    args = [tvm.runtime.tensor(layout.nchw_to_5hd(x)), tvm.runtime.tensor(layout.nchw_to_5hd(dy)),
+            tvm.runtime.empty((2, 1, 16, 16), "float32", tvm.cpu())]
+    run(*args)
+    out = layout.fracz_to_weight(args[2].numpy(), (11, 2, 1, 2), 1)
+    ref = ref_dw(x, dy, (11, 2, 1, 2), (1, 1), (2, 0, 0, 0), (1, 1), 1)
+    assert not np.isnan(ref).any()
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
