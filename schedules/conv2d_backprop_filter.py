@@ -324,6 +324,17 @@ def _dy_rows_by_k(sch, workload, block, k: int) -> None:
                          lambda n, co, ho, w2, j: (n, ho, w2 // k, co, w2 % k, j))
 
 
+def _x_pad_rows_outer(sch, block) -> None:
+    """The planar ``x_pad [N, Cin, Hp, Wp]`` (Cout in the lanes: few input channels) written
+    row by row, every channel of a row before the next: its source is 5HD, where one cache
+    line holds a pixel's channels, so each line is fetched once for all of them instead of
+    once per channel plane (the RGB stem: 3 passes over a 3.2 MB x; its dw 1.07x on one
+    EMR core, same-process A/B)."""
+    loops = sch.get_loops(block)
+    if len(loops) == 4:  # b, ci, hp, wp (5HD pads have the C0 axis too)
+        sch.reorder(loops[2], loops[1])
+
+
 @schedules.register(tag.CONV2D_BACKPROP_FILTER, "x86")
 def schedule_dw_x86(sch, workload) -> None:
     target = workload.target
@@ -341,6 +352,8 @@ def schedule_dw_x86(sch, workload) -> None:
     for stage in (tag.DW_X_PAD, tag.DW_DY_GROUP, tag.DW_DY_CAST, tag.CONV2D_BACKPROP_FILTER):
         block = workload.find(sch, stage)
         if block is not None:
+            if stage == tag.DW_X_PAD:
+                _x_pad_rows_outer(sch, block)
             elementwise_c0(sch, block, target)
             workload.note(sch.get(block).name_hint, RULE, "elementwise 5HD stage")
     block = workload.find(sch, tag.DW_X_PAIR)

@@ -140,3 +140,24 @@ def test_rfactor_parts_in_row_chunks_match_the_reference(c, stage):
         ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], c["groups"])
         assert_close(fracz_to_weight(out, w_shape, c["groups"]), ref, "float32",
                      f"{case_id(c)} {dtype}")
+
+
+@pytest.mark.parametrize("cin", [3, 5])
+def test_planar_x_pad_is_written_row_by_row_across_channels(cin):
+    # Cout in the lanes (few input channels): x_pad is NCHW from a 5HD x, whose cache lines
+    # hold a pixel's channels; every channel of a row is written before the next row
+    from tvm import te
+
+    c = C(2, cin, 32, 11, 13, 3, 2, (1, 2, 1, 0), 1, 1)
+    ho, wo = out_hw(c)
+    x = te.placeholder((2, 1, 11, 13, 16), name="fmap")
+    dy = te.placeholder((2, 2, ho, wo, 16), name="out_backprop")
+    dw = dsl.conv2d_backprop_filter(x, dy, (32, cin, 3, 3), para(c))
+    sch = dsl.auto_schedule(dw).s_tir([x, dy, dw])
+    names = [sch.get(lp).loop_var.name for lp in sch.get_loops(sch.get_sblock("dw_x_pad"))]
+    flat = "_".join(names)
+    assert flat.index("hp") < flat.index("ci") < flat.index("wp"), names
+    x_np, dy_np = dw_data(c, "float32", 3)
+    out = dw_kernel(c, "float32", "float32")(nchw_to_5hd(x_np), nchw_to_5hd(dy_np))
+    ref = ref_dw(x_np, dy_np, (32, cin, 3, 3), c["stride"], c["pads"], c["dil"], 1)
+    assert_close(fracz_to_weight(out, (32, cin, 3, 3), 1), ref, "float32", case_id(c))
