@@ -46,6 +46,7 @@ annotations (none for one core) and the order of independent tiles differ.
 from __future__ import annotations
 
 import json
+import math
 
 from dsl.ops import tag
 from schedules import register
@@ -256,13 +257,36 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores, pad=None) -> bool:
         rows = largest_divisor(p["in_h"], max(1, K_CHUNK // p["in_w"]))
         f_o, f_i = sch.split(ih, [None, rows])
         chunk = [b, f_o]
-    sch.reorder(*lead[:n_par], *chunk, *lead[n_par:], tiles, f_i, iw, r1, r2, vec)
+    par, taps = _phase_tasks(sch, lead, n_par, p, cfg, cores)
+    sch.reorder(*par, *chunk, *taps, tiles, f_i, iw, r1, r2, vec)
     if pad is not None:
         sch.compute_at(pad, f_o, preserve_unit_loops=True)
-    _micro_kernel(sch, acc, (r1, r2, vec), lead[:n_par], chunk[0], cores)
+    _micro_kernel(sch, acc, (r1, r2, vec), par, chunk[0], cores)
     if cfg["ragged"]:  # after the init is split off: TVM partitions a plain update block
         split_last_tile(sch, tiles)
     return pad is not None
+
+
+def _phase_tasks(sch, lead: list, n_par: int, p: dict, cfg: dict, cores: int):
+    """``(task loops, tap loops under the chunk)``. Where the innermost task loop is a tap
+    axis of a strided layer (``kh`` or ``kw``, stride ``s``, no dilation), its taps ``k`` and
+    ``k + s`` read the same phase of dy, one row or column apart: it is split into ``(step,
+    phase)``, the phase a task loop and the step under the chunk loop, so a task runs all the
+    taps of its phase on one read of dy and x instead of each tap streaming them again.
+    Only where the phases alone still give every core a task. Same-process A/B on a lent
+    16-core EMR: dcgan bench layer 1.13x on 16 cores (16 tasks of two taps for 32 of one),
+    1.19x on 4; grouped_g8 1.14x on 16; 8 cores keep their 8 one-row tasks."""
+    par, taps = lead[:n_par], lead[n_par:]
+    if n_par < 3:
+        return par, taps
+    axis = "hw"[n_par - 3]
+    s, loop = p[f"stride_{axis}"], lead[n_par - 1]
+    n, tasks = extent(sch, loop), math.prod(extent(sch, lp) for lp in par)
+    whole = axis == "h" or cfg["inner"]["kw"] == 1  # the tile holds one kw column
+    if s == 1 or p[f"dilation_{axis}"] != 1 or n % s or tasks // s < cores or not whole:
+        return par, taps
+    step, phase = sch.split(loop, [None, s])
+    return [*par[:-1], phase], [step, *taps]
 
 
 def parallel_lead(sizes: list[int], cores: int) -> int:

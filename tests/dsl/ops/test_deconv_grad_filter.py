@@ -379,3 +379,29 @@ def test_dy_is_padded_per_chunk_where_the_taps_stay_inside_a_task(cores, in_chun
         out = kernel_for(c, "float32", tgt)(dy_v, x_v)
         assert_close(out, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
                      "float32", case_id(c))
+
+
+@pytest.mark.parametrize("cores,tasks", [(16, 16), (8, 8), (4, 4)])
+def test_taps_of_one_dy_phase_share_a_task(cores, tasks):
+    # k4 s2: taps kw and kw + 2 read the same dy columns, one apart. 16 cores: 2 oc blocks x
+    # 4 kh x 2 column phases, each task both taps of its phase (32 one-tap tasks before);
+    # 8 cores: 2 x 4 kh tasks would halve below the cores, so the taps stay as they were;
+    # 4 cores: 2 oc x 2 kh phases
+    from tvm import te
+
+    c = D(2, 6, 7, 32, 12, 14, 64, 4, 2, 1, 1, 1)
+    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
+    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], group=c["g"])
+    tgt = targets.get("x86-avx512").with_cores(cores)
+    sch = dsl.auto_schedule([dw], tgt).s_tir([dy, x, dw])
+    script = sch.mod.script()
+    assert f"in T.parallel({tasks}):" in script, script
+    host = targets.current()
+    if targets.runnable(host):
+        dy_v, x_v = data(c, "float32", seed=8)
+        one = kernel_for(c, "float32", host.with_cores(1))(dy_v, x_v)
+        many = kernel_for(c, "float32", host.with_cores(cores))(dy_v, x_v)
+        assert np.array_equal(one, many)
+        assert_close(one, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
+                     "float32", case_id(c))
