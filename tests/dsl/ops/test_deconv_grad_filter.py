@@ -354,19 +354,27 @@ def test_row_tiles_run_innermost_under_the_chunk_and_tap_loops(cores):
     assert ("T.parallel" in script) == (cores > 1)
 
 
-@pytest.mark.parametrize("cores,in_chunk", [(1, True), (2, True), (4, False), (16, False)])
-def test_dy_is_padded_per_chunk_where_the_taps_stay_inside_a_task(cores, in_chunk):
-    # the dcgan bench layer's shape, smaller: vectors along oc read dy in place, two oc
-    # blocks (tasks of two cores), four by four taps (tasks from four cores on)
+# the dcgan bench layer's shape, smaller: vectors along oc read dy in place, two oc blocks
+# (tasks of two cores), four by four taps of stride 2 (tasks from four cores on)
+DCGAN_SMALL = D(2, 6, 7, 32, 12, 14, 64, 4, 2, 1, 1, 1)
+
+
+def _dcgan_small(cores: int):
+    """(kernel, its s_tir schedule) of :data:`DCGAN_SMALL` for AVX-512 on ``cores``."""
     from tvm import te
 
-    c = D(2, 6, 7, 32, 12, 14, 64, 4, 2, 1, 1, 1)
+    c = DCGAN_SMALL
     dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
     x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
     dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], group=c["g"])
-    tgt = targets.get("x86-avx512").with_cores(cores)
-    kernel = dsl.auto_schedule([dw], tgt)
-    sch = kernel.s_tir([dy, x, dw])
+    kernel = dsl.auto_schedule([dw], targets.get("x86-avx512").with_cores(cores))
+    return kernel, kernel.s_tir([dy, x, dw])
+
+
+@pytest.mark.parametrize("cores,in_chunk", [(1, True), (2, True), (4, False), (16, False)])
+def test_dy_is_padded_per_chunk_where_the_taps_stay_inside_a_task(cores, in_chunk):
+    c, tgt = DCGAN_SMALL, targets.get("x86-avx512").with_cores(cores)
+    kernel, sch = _dcgan_small(cores)
     notes = {b: w for b, _, w in kernel.decisions}
     assert (notes["dy_pad"] == "dy padded per K chunk, in cache") == in_chunk, notes
     pad_loops = [sch.get(lp).loop_var.name for lp in sch.get_loops(sch.get_sblock("dy_pad"))]
@@ -387,15 +395,8 @@ def test_taps_of_one_dy_phase_share_a_task(cores, tasks):
     # 4 kh x 2 column phases, each task both taps of its phase (32 one-tap tasks before);
     # 8 cores: 2 x 4 kh tasks would halve below the cores, so the taps stay as they were;
     # 4 cores: 2 oc x 2 kh phases
-    from tvm import te
-
-    c = D(2, 6, 7, 32, 12, 14, 64, 4, 2, 1, 1, 1)
-    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
-    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
-    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], group=c["g"])
-    tgt = targets.get("x86-avx512").with_cores(cores)
-    sch = dsl.auto_schedule([dw], tgt).s_tir([dy, x, dw])
-    script = sch.mod.script()
+    c = DCGAN_SMALL
+    script = _dcgan_small(cores)[1].mod.script()
     assert f"in T.parallel({tasks}):" in script, script
     host = targets.current()
     if targets.runnable(host):
