@@ -275,7 +275,8 @@ def _phase_tasks(sch, lead: list, n_par: int, p: dict, cfg: dict, cores: int):
     taps of its phase on one read of dy and x instead of each tap streaming them again.
     Only where the phases alone still give every core a task. Same-process A/B on a lent
     16-core EMR: dcgan bench layer 1.13x on 16 cores (16 tasks of two taps for 32 of one),
-    1.19x on 4; grouped_g8 1.14x on 16; 8 cores keep their 8 one-row tasks."""
+    1.19x on 4; grouped_g8 1.14x on 16; on 8 cores its 8 (oc, kh) tasks stay (halved, they
+    would leave cores idle)."""
     par, taps = lead[:n_par], lead[n_par:]
     if n_par < 3:
         return par, taps
