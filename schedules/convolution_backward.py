@@ -141,7 +141,7 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
     vf = register_factor(group or ext[vec], lanes)
     vectors = -(-vf // lanes)
     budget = max(1, accumulator_registers(target) // vectors)
-    rf = _tile_rows(ext[row], budget, vectors, target, ragged and fuse_ok, ragged)
+    rf = _tile_rows(ext[row], budget, vectors, target, ragged, fuse_ok)
     tiles = ext[row] // rf  # full ones: a ragged last tile is a loop nest of its own
     kc, kc2 = chunk_steps(ext[n_sp:])
     l2 = target.l2_kib << 10
@@ -173,11 +173,11 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
 LATENCY_COVER = 1.5
 
 
-def _tile_rows(rows: int, budget: int, vectors: int, target, restore: bool,
-               ragged: bool) -> int:
+def _tile_rows(rows: int, budget: int, vectors: int, target, ragged: bool,
+               fuse_ok: bool) -> int:
     """Rows of the register tile over a row axis of ``rows``. Where a ragged last tile is
     allowed (``ragged``), :func:`row_tile` decides, unless grad_input could be written from
-    each task's tile while it is in cache (``restore``: a task's block is then one loop nest,
+    each task's tile while it is in cache (``fuse_ok``: a task's block is then one loop nest,
     see :func:`_restore_in_cache`) and the largest divisor of ``rows`` still keeps the FMA
     pipes fed (:data:`LATENCY_COVER`): the ragged tile's nest costs that write its own pass
     over grad_input (one EMR core, same-process A/B: conv1d dx of 1024 positions 8 x 32
@@ -189,7 +189,7 @@ def _tile_rows(rows: int, budget: int, vectors: int, target, restore: bool,
     if not ragged:
         return whole
     need = LATENCY_COVER * target.fma_units * target.fma_latency
-    if restore and whole * vectors >= need:
+    if fuse_ok and whole * vectors >= need:
         return whole
     return row_tile(rows, budget)
 

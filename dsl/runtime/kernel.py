@@ -141,16 +141,12 @@ class Kernel:
         same memory), or a DslError saying why it cannot be used in place."""
         import tvm_ffi
 
-        if kind == "numpy":
-            ok = a.flags.c_contiguous and a.flags.writeable
-            why = "C-contiguous and writeable (np.ascontiguousarray, or a copy)"
-        elif kind == "torch":
-            a = a.detach() if a.requires_grad else a
-            ok = a.is_contiguous() and not a.is_conj() and not a.is_neg()
-            why = "contiguous, not a negative or conjugate view (.contiguous() / .resolve_neg())"
-        else:
-            ok, why = a.is_contiguous(), "contiguous"
-        if not ok:
+        if kind == "torch" and a.requires_grad:
+            a = a.detach()
+        if not _in_place(a, kind):
+            why = {"numpy": "C-contiguous and writeable (np.ascontiguousarray, or a copy)",
+                   "torch": "contiguous, not a negative or conjugate view (.contiguous() / "
+                            ".resolve_neg())"}.get(kind, "contiguous")
             raise fail(E_VALUE, f"{self.name}.bind {self._where(i, spec)}", "not in place",
                        f"must be {why}: a bound call hands its memory over as is")
         if kind == "numpy":
@@ -393,12 +389,23 @@ def _kind(a) -> str | None:
     return kind
 
 
+def _in_place(a, kind: str) -> bool:
+    """Whether the generated code can take ``a`` (of ``kind``) as it is: C-contiguous (any
+    element-aligned address), writeable for numpy (DLPack cannot export read-only arrays),
+    no torch negative or conjugate view (their memory does not hold their values)."""
+    if kind == "numpy":
+        return a.flags.c_contiguous and a.flags.writeable
+    if kind == "torch":
+        return a.is_contiguous() and not a.is_conj() and not a.is_neg()
+    return a.is_contiguous()
+
+
 def _kernel_input(a, kind: str):
     """``a`` as a kernel argument: itself (torch, TVM) or a TVM view (numpy) when the
     generated code can read it in place (C-contiguous; any element-aligned address), else a
     copy."""
     if kind == "numpy":
-        if a.flags.c_contiguous and a.flags.writeable:  # DLPack cannot export read-only
+        if _in_place(a, kind):
             return _numpy_view(a)
         b = _empty(a.shape, _np_name(a.dtype), "numpy")
         np.copyto(b, a)
@@ -406,12 +413,12 @@ def _kernel_input(a, kind: str):
     if kind == "torch":
         if a.requires_grad:
             a = a.detach()
-        if a.is_contiguous() and not a.is_conj() and not a.is_neg():
+        if _in_place(a, kind):
             return a
         b = _empty(a.shape, str(a.dtype)[6:], "torch")
         b.copy_(a)
         return b
-    if a.is_contiguous():
+    if _in_place(a, kind):
         return a
     b = _empty(tuple(a.shape), str(a.dtype), "tvm")
     b.copyfrom(a.numpy())
@@ -421,18 +428,12 @@ def _kernel_input(a, kind: str):
 def _kernel_output(o, kind: str, spans: list, nbytes: int):
     """``o`` as the kernel's output argument, or None when it must be written afterwards
     (not C-contiguous, or overlapping an input the kernel still reads)."""
+    if not _in_place(o, kind):  # (a read-only numpy output was refused before)
+        return None
     if kind == "numpy":
-        if not o.flags.c_contiguous:
-            return None
         t = _numpy_view(o)
-    elif kind == "torch":
-        if not o.is_contiguous() or o.is_conj() or o.is_neg():
-            return None
-        t = o.detach() if o.requires_grad else o
     else:
-        if not o.is_contiguous():
-            return None
-        t = o
+        t = o.detach() if kind == "torch" and o.requires_grad else o
     lo, hi = _span(t, nbytes)
     for a_lo, a_hi in spans:
         if lo < a_hi and a_lo < hi:
