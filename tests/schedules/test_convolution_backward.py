@@ -2,6 +2,7 @@
 and against the float64 reference (not on timings)."""
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -180,6 +181,23 @@ def test_chunk_steps_take_rows_of_the_next_axis_under_a_short_innermost_one():
     assert chunk_steps([13, 37]) == (37, 1)  # no divisor of 13 fits 256 // 37 = 6 but 1
     assert chunk_steps([28]) == (28, 1) and chunk_steps([]) == (1, 1)
 
+
+
+def test_chunk_steps_keep_the_v_panel_within_the_share_of_l1_the_target_has():
+    from schedules.convolution_backward import K_CHUNK, PANEL_L1_SHARE, chunk_steps, panel_steps
+
+    for name in ("znver4", "sapphirerapids", "x86-avx2"):
+        tgt = targets.get(name)
+        for vf in (8, 16, 32, 64):
+            steps = panel_steps(tgt, vf)
+            assert steps * vf * 4 <= tgt.l1d_kib * 1024 * PANEL_L1_SHARE
+            assert steps == K_CHUNK or (steps + 1) * vf * 4 > tgt.l1d_kib * 1024 * PANEL_L1_SHARE
+    # a 256-channel conv1d dx, two vectors of lanes: 128 of its 256 steps per chunk on a
+    # 32 KB (Zen 4) and a 48 KB (Sapphire Rapids) L1d alike
+    assert chunk_steps([3, 256], panel_steps(targets.get("znver4"), 32)) == (128, 1)
+    assert chunk_steps([3, 256], panel_steps(targets.get("sapphirerapids"), 32)) == (128, 1)
+    assert chunk_steps([3, 3, 3, 64], panel_steps(targets.get("sapphirerapids"), 16)) == (64, 3)
+    assert panel_steps(replace(targets.get("x86-avx2"), l1d_kib=1), 64) == 2
 
 # 3-D layers whose innermost reduction axis is short: dw's chunk spans output rows (strided,
 # dilated, padding per axis, prime sizes, batch 2), dx's spans taps
