@@ -22,11 +22,11 @@ def schedule_fallbacks(sch, workload, op: str, rule: str) -> None:
     for block in workload.find_all(sch, tag.stage(op, "nonfinite")):
         spatial, red = tb.split_loops(sch, block)
         name = sch.get(block).name_hint
-        if len(spatial) == 2 and red:  # a partial [P, L]
-            lead, lane = spatial
-            sch.reorder(lead, *red, lane)
+        if len(spatial) >= 2 and red:  # a partial [*P, L]
+            *lead, lane = spatial
+            sch.reorder(*lead, *red, lane)
             sch.vectorize(lane)
-            tb.parallel(sch, [lead], cores)
+            tb.parallel(sch, lead, cores)
             sch.decompose_reduction(block, red[0])
             workload.note(name, rule, "scan for NaN / inf: lanes vectorised, rows across cores")
         else:

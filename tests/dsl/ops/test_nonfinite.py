@@ -126,6 +126,40 @@ def test_dw_nonfinite(c, into, dtype):
         same_nonfinite(out, ref, f"dw {cid(c)} {dtype} {into}={value}")
 
 
+
+# batch 1: the scans' partial maxima take rows of C1 and H too (dsl.ops.fallback.row_axes),
+# so a NaN / inf must be found in whichever row it falls
+ROWS = C(1, 16, 32, 40, 40, 3, 1, (1, 1, 1, 1), 1, 1)
+
+
+def test_scan_rows_span_leading_axes_and_stay_long():
+    from dsl.ops.fallback import MIN_ROW_ELEMS, MIN_ROWS, row_axes
+
+    assert row_axes([1, 2, 40, 40, 16]) == 3  # 80 rows of 640: a fourth axis would leave 16
+    assert row_axes([8, 256, 1024]) == 2  # 2048 rows of a 1024-wide line
+    assert row_axes([256, 4, 16, 16]) == 1  # the first axis alone already gives the rows
+    assert row_axes([36, 4, 16, 16]) == 1  # 144 rows would hold 256 < MIN_ROW_ELEMS each
+    assert row_axes([4096]) == 0  # one row
+    for shape in ([1, 2, 40, 40, 16], [8, 256, 1024], [3, 5, 7, 11, 13]):
+        k = row_axes(shape)
+        rows = int(np.prod(shape[:k]))
+        assert rows >= MIN_ROWS or k == len(shape) - 1 \
+            or np.prod(shape) // (rows * shape[k]) < MIN_ROW_ELEMS
+
+
+@pytest.mark.parametrize("into", ["x", "dy"])
+def test_dw_nonfinite_found_in_every_row_of_a_batch_1_scan(into):
+    kernel = dw_kernel(ROWS, "float32", "float32")
+    w_shape = (ROWS["cout"], ROWS["cin"], ROWS["kh"], ROWS["kw"])
+    # one at a time: any one found sends the whole kernel to its exact twin
+    for pos, value in (((0, -1, 17, 23), np.nan), ((0, 0, -1, 0), np.inf)):
+        x, dy = dw_data(ROWS, "float32")
+        (x if into == "x" else dy)[pos] = value  # the last channel; the last row
+        out = fracz_to_weight(kernel(nchw_to_5hd(x), nchw_to_5hd(dy)), w_shape, 1)
+        ref = ref_dw(x.astype("float64"), dy.astype("float64"), w_shape, ROWS["stride"],
+                     ROWS["pads"], ROWS["dil"], 1)
+        same_nonfinite(out, ref, f"dw batch 1 {into}[{pos}] = {value}")
+
 def test_dw_reference_skips_padding():
     """The dw reference itself: an Inf dy whose taps partly read padding leaves those taps
     finite (x = 1 everywhere, 3x3 pad 1: dy[0, 0] meets x only at taps kh, kw >= 1)."""
