@@ -89,6 +89,27 @@ def test_chunked_dw_matches_the_reference(c, l1d, cores):
         assert_close(out, ref, "float32", f"{case_id(c)} {dtype}, L1d {l1d} KB, {cores} cores")
 
 
+
+def _chunked_script(c, tgt) -> str:
+    from tvm import te
+
+    ho, wo = out_hw(c)
+    x = te.placeholder((c["n"], -(-c["cin"] // 16), c["h"], c["w"], 16), name="fmap")
+    dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop")
+    dw = dsl.conv2d_backprop_filter(x, dy, (c["cout"], c["cin"], c["kh"], c["kw"]),
+                                    para(c, groups=1))
+    return dsl.auto_schedule(dw, target=tgt).s_tir().mod.script()
+
+
+def test_chunked_dw_steps_two_output_columns_where_they_divide_wo():
+    from schedules.conv2d_backprop_filter import POSITION_UNROLL
+
+    even, odd = CHUNKED[1], CHUNKED[0]  # Wo 6 and 11
+    assert out_hw(even)[1] % POSITION_UNROLL == 0 and out_hw(odd)[1] % POSITION_UNROLL
+    tgt = host_with(48, 2)
+    assert f"for wo_1 in T.unroll({POSITION_UNROLL})" in _chunked_script(even, tgt)
+    assert "wo_1" not in _chunked_script(odd, tgt)  # one column per step, no ragged tail
+
 def test_chunked_dw_with_a_nonfinite_dy_runs_the_exact_twin():
     """x's padding meets dy in the fast path; an inf in dy makes the exact twin run, so the
     NaN / inf land only where the math puts them."""
