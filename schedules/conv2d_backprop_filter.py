@@ -213,25 +213,28 @@ def part_rows(sch, rf, target, params: dict) -> int:
 
 # Output columns per step of a chunked dw's innermost loop (unrolled): the loop body was one
 # column's 16 FMAs beside its 10 loads and 3 loop instructions; two columns per step halve
-# that overhead and give the core two columns' loads to run ahead on (same-process A/B, one
-# and two Emerald Rapids cores: resnet50 3x3 1.04-1.07x, its stride-2 layer 1.04-1.07x, the
-# 1x1 layers 1.01-1.06x, batch-8 14x14 0.98-1.04x; the dilated 32x32 layer 0.97-0.99x).
+# that overhead and give the core two columns' loads to run ahead on. Same-process A/B, one
+# and two Emerald Rapids cores, 41 rounds of alternate calls: resnet50 3x3 1.01-1.04x, its
+# stride-2 layer 1.04-1.07x, the 1x1 layers 1.01-1.03x, batch-8 14x14 1.02-1.04x, a 32x32
+# layer 1.01-1.04x. Not along a dilated W: the 32x32 dilation-2 layer ran 0.91-0.97x, a 56x56
+# one 1.00x (measured, not explained).
 POSITION_UNROLL = 2
 
 
-def schedule_in_chunks(sch, block, target, tiles: dict[int, int], ch: Chunks) -> None:
+def schedule_in_chunks(sch, block, target, tiles: dict[int, int], ch: Chunks,
+                       unroll: int = 1) -> None:
     """Tile ``block`` as :class:`Chunks` ``ch`` says: tasks (C1 tile, Cout span) across cores;
     per chunk of (image, ``ch.rows`` output rows) every Cout tile and tap of the task, each
     tile's accumulators loaded and stored once per chunk
-    (:func:`schedules.toolbox.register_tile`'s ``chunk``); the output columns
-    :data:`POSITION_UNROLL` at a time where that divides them."""
+    (:func:`schedules.toolbox.register_tile`'s ``chunk``); the output columns ``unroll`` at
+    a time (:data:`POSITION_UNROLL`) where that divides them."""
     cx1, kh, kw, co, cx0 = sch.get_loops(block)[:5]
     n, ho, wo = sch.get_loops(block)[5:8]
     co_task, co_rest = sch.split(co, [None, ch.span])
     ho_o, ho_i = sch.split(ho, [None, ch.rows])
     red, unrolled = [n, ho_o, ho_i, wo], ()
-    if POSITION_UNROLL > 1 and extent(sch, wo) % POSITION_UNROLL == 0:
-        wo_o, wo_i = sch.split(wo, [None, POSITION_UNROLL])
+    if unroll > 1 and extent(sch, wo) % unroll == 0:
+        wo_o, wo_i = sch.split(wo, [None, unroll])
         red, unrolled = [n, ho_o, ho_i, wo_o, wo_i], (wo_i,)
     register_tile(sch, block, target, [cx1, kh, kw, co_task, co_rest, cx0],
                   red, {0: tiles.get(0, 1), 4: tiles[3]}, par=[0, 3],
@@ -255,7 +258,8 @@ def schedule_acc(sch, block, target, grouped: bool, params: dict) -> str:
     plain = not grouped and dot is None and len(sch.get_loops(block)) == 8
     ch = plan_chunks(sch, block, target, tiles, params) if plain else None
     if ch is not None:
-        schedule_in_chunks(sch, block, target, tiles, ch)
+        dilated = params.get("dilations", [1, 1, 1, 1])[3] > 1
+        schedule_in_chunks(sch, block, target, tiles, ch, 1 if dilated else POSITION_UNROLL)
         return ch.describe()
     chunks = reduction_chunks(sch, block, target, tiles)
     if dot is not None and chunks > 1:

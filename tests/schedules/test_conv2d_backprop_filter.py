@@ -109,6 +109,9 @@ def test_chunked_dw_steps_two_output_columns_where_they_divide_wo():
     tgt = host_with(48, 2)
     assert f"for wo_1 in T.unroll({POSITION_UNROLL})" in _chunked_script(even, tgt)
     assert "wo_1" not in _chunked_script(odd, tgt)  # one column per step, no ragged tail
+    dilated = C(1, 32, 32, 12, 12, 3, 1, (2, 2, 2, 2), 2, 1)  # Wo 12, dilation 2
+    assert "reduction chunks in L1" in _note(dilated, tgt)
+    assert "wo_1" not in _chunked_script(dilated, tgt)
 
 def test_chunked_dw_with_a_nonfinite_dy_runs_the_exact_twin():
     """x's padding meets dy in the fast path; an inf in dy makes the exact twin run, so the
