@@ -327,6 +327,35 @@ def test_flat_chunk_beside_a_ragged_last_tile_matches_the_reference(bad):
     _dx_matches(c, "x86-avx512", 17, bad, (1, 0, 2, 2))
 
 
+
+# chunks whose innermost loop has UNROLL_MIN_STEPS steps or more run STEP_UNROLL steps per
+# iteration: a dilated 1-D dx (not flat) of 64 Cout and 37 rows (a ragged last tile), and a
+# 3-D dw whose chunk is rows of 20 output columns
+UNROLLED = [G(1, 2, 24, 64, 37, 3, 1, 2, 2), G(3, 1, 64, 64, (4, 5, 20), 3, 1, 1)]
+
+
+@pytest.mark.parametrize("c", UNROLLED, ids=gid)
+def test_long_chunks_step_several_reductions_per_iteration(c):
+    from dsl.runtime.build import lower
+    from schedules.convolution_backward import STEP_UNROLL, UNROLL_MIN_STEPS
+
+    dx = c["nd"] == 1
+    go, x, w = (te.placeholder(c[k], name=n) for k, n in
+                (("dy", "grad_output"), ("x", "input"), ("w", "weight")))
+    out = convolution_backward(go, x, w, None, list(c["stride"]), padding_arg(c),
+                               list(c["dil"]), False, [0] * c["nd"], 1,
+                               [dx, not dx, False])[0 if dx else 1]
+    sch = dsl.auto_schedule(out, target=targets.get("x86-avx512"))
+    why = {s: why for s, _, why in dsl.explain(sch).stages}["cb_dx_acc" if dx else "cb_dw_acc"]
+    steps = int(re.search(r"per (\d+)-step reduction chunk", why).group(1))
+    assert steps >= UNROLL_MIN_STEPS and "in one loop" not in why, why
+    assert f"in T.unroll({STEP_UNROLL})" in lower(sch, "k", [go, x, w, out]).script()
+
+
+@pytest.mark.parametrize("bad", [None, np.nan], ids=["finite", "nan"])
+def test_unrolled_steps_with_a_ragged_last_tile_match_the_reference(bad):
+    _dx_matches(UNROLLED[0], "x86-avx512", 19, bad, (3, 1, 2))
+
 # dx whose channels span several vector tiles: the weight operand is laid out as panels
 WIDE = [
     G(1, 2, 40, 24, 19, 3, 1, 1),                                   # 1-D, 40 = 5 x 8 channels
