@@ -150,6 +150,11 @@ def _vertical_steps(params: dict) -> tuple[int, int]:
     return params.get("strides", [1])[0], params.get("dilations", [1, 1, 1])[2]
 
 
+def _dilated_w(params: dict) -> bool:
+    """Whether the taps are dilated along W (the operator's parameters; no where absent)."""
+    return params.get("dilations", [1, 1, 1, 1])[3] > 1
+
+
 def plan_chunks(sch, block, target, tiles: dict[int, int], params: dict) -> Chunks | None:
     """:class:`Chunks` for a dense 5HD dw accumulator ``[C1, KH, KW, CO, 16]`` over
     ``(n, ho, wo)``, or None (then :func:`reduction_chunks` splits it): the widest Cout span
@@ -258,8 +263,8 @@ def schedule_acc(sch, block, target, grouped: bool, params: dict) -> str:
     plain = not grouped and dot is None and len(sch.get_loops(block)) == 8
     ch = plan_chunks(sch, block, target, tiles, params) if plain else None
     if ch is not None:
-        dilated = params.get("dilations", [1, 1, 1, 1])[3] > 1
-        schedule_in_chunks(sch, block, target, tiles, ch, 1 if dilated else POSITION_UNROLL)
+        unroll = 1 if _dilated_w(params) else POSITION_UNROLL
+        schedule_in_chunks(sch, block, target, tiles, ch, unroll)
         return ch.describe()
     chunks = reduction_chunks(sch, block, target, tiles)
     if dot is not None and chunks > 1:

@@ -248,15 +248,13 @@ def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,
         lead = [ro, vo, *others] if taps_inside else [*others, ro, vo]
         n_par = _taps_inside(sch, lead, target.cores) if taps_inside else len(lead)
         sch.reorder(*lead[:n_par], *reduce, *lead[n_par:], vm, rm, *chunk[1:], ri, vi)
-        _flatten_chunk(sch, chunk, t)
-        _unroll_steps(sch, chunk, t)
+        _chunk_loop(sch, chunk, t)
         _tile_nest(sch, block, n_par, t, target, fuse_ok)
         return t
     # the tiles loop outermost, split in two nests; the full tiles then in blocks of mb
     rt, ri = sch.split(sp[row], [None, t.rf])
     sch.reorder(rt, *others, vo, *reduce, vm, *chunk[1:], ri, vi)
-    _flatten_chunk(sch, chunk, t)
-    _unroll_steps(sch, chunk, t)
+    _chunk_loop(sch, chunk, t)
     main, last = split_last_tile(sch, rt)
     if main is not None:
         _, rm = sch.split(sch.get_loops(main)[0], [None, t.mb])
@@ -276,6 +274,13 @@ def _taps_inside(sch, lead: list, cores: int) -> int:
     and across cores: the ``lead`` loops ``(row blocks, vector blocks, taps...)`` that
     :func:`schedules.toolbox.lead_loops` picks. Returns how many."""
     return lead_loops([extent(sch, lp) for lp in lead], cores)
+
+
+def _chunk_loop(sch, chunk: list, t: Tile) -> None:
+    """The chunk's innermost loop: the flat one (:func:`_flatten_chunk`), or its steps a few
+    per iteration (:func:`_unroll_steps`)."""
+    _flatten_chunk(sch, chunk, t)
+    _unroll_steps(sch, chunk, t)
 
 
 def _flatten_chunk(sch, chunk: list, t: Tile) -> None:

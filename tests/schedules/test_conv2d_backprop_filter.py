@@ -24,7 +24,8 @@ from helpers import (
 from reference import conv2d_backprop_filter as ref_dw
 
 
-def _note(c, tgt, stage: str = "dw_acc") -> str:
+def _schedule(c, tgt):
+    """The default schedule of case ``c``'s dw on ``tgt``."""
     from tvm import te
 
     ho, wo = out_hw(c)
@@ -32,8 +33,11 @@ def _note(c, tgt, stage: str = "dw_acc") -> str:
     dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop")
     dw = dsl.conv2d_backprop_filter(x, dy, (c["cout"], c["cin"] // c["groups"], c["kh"],
                                             c["kw"]), para(c, groups=c["groups"]))
-    return dict((s, why) for s, _, why in dsl.explain(dsl.auto_schedule(dw, target=tgt))
-                .stages)[stage]
+    return dsl.auto_schedule(dw, target=tgt)
+
+
+def _note(c, tgt, stage: str = "dw_acc") -> str:
+    return dict((s, why) for s, _, why in dsl.explain(_schedule(c, tgt)).stages)[stage]
 
 
 @pytest.mark.parametrize("c, l1d, cores, note", [
@@ -91,14 +95,7 @@ def test_chunked_dw_matches_the_reference(c, l1d, cores):
 
 
 def _chunked_script(c, tgt) -> str:
-    from tvm import te
-
-    ho, wo = out_hw(c)
-    x = te.placeholder((c["n"], -(-c["cin"] // 16), c["h"], c["w"], 16), name="fmap")
-    dy = te.placeholder((c["n"], -(-c["cout"] // 16), ho, wo, 16), name="out_backprop")
-    dw = dsl.conv2d_backprop_filter(x, dy, (c["cout"], c["cin"], c["kh"], c["kw"]),
-                                    para(c, groups=1))
-    return dsl.auto_schedule(dw, target=tgt).s_tir().mod.script()
+    return _schedule(c, tgt).s_tir().mod.script()
 
 
 def test_chunked_dw_steps_two_output_columns_where_they_divide_wo():
