@@ -259,6 +259,24 @@ def test_flat_chunks_and_the_in_cache_output_match_the_reference(c, bad):
     _dx_matches(c, "x86-avx512", 13, bad, (1, 0, *(k - 1 for k in c["w"][2:])))
 
 
+def test_in_cache_output_reads_the_accumulator_tile_with_no_full_size_copy():
+    # the tile's write-back into a full-size cb_dx_acc (read by grad_input alone) is inlined:
+    # the kernel allocates the tile and the exact twin, never a dx_acc of the whole input
+    from dsl.runtime.build import lower
+
+    c = FLAT[0][0]
+    go, x, w = (te.placeholder(c[k], name=n) for k, n in
+                (("dy", "grad_output"), ("x", "input"), ("w", "weight")))
+    out = convolution_backward(go, x, w, None, list(c["stride"]), padding_arg(c),
+                               list(c["dil"]), False, list(c["opad"]), 1, list(DX))[0]
+    sch = dsl.auto_schedule(out, target=targets.get("x86-avx512"))
+    assert "no full-size copy" in {s: why for s, _, why in
+                                   dsl.explain(sch).stages}["grad_input"]
+    script = lower(sch, "k", [go, w, out]).script()
+    buffers = set(re.findall(r"(cb_dx_acc\w*) = T\.sblock_alloc_buffer", script))
+    assert buffers == {"cb_dx_acc_local", "cb_dx_acc_exact"}, buffers
+
+
 def test_in_cache_output_casts_to_float16():
     _dx_float16_matches(FLAT[0][0], "x86-avx512", 13)
 
