@@ -42,11 +42,13 @@ Packs and the layout-restoring outputs are elementwise: channel (or spatial) inn
 the vector width and vectorised, outer loops fused and parallel. Where a dx task's block of
 rows and channels is one loop nest (no ragged tile, fused tasks), grad_input is written from
 it under the task loop, a blocked transpose of the task's accumulator tile still in cache,
-instead of a pass of its own over a full-size accumulator buffer. A dense dx whose taps move
-the dy row by one (stride == dilation) walks each reduction chunk of taps x channels as one
-loop: ``w_adj`` stores the taps in the order dx visits them, so both operands are contiguous
-across it. Only target numbers (lanes, vector bits, cores, cache sizes) are read, never the
-target's name.
+instead of a pass of its own over a full-size accumulator buffer. Such a dx whose tasks'
+rows of ``y_pack`` overlap little (a 1-D dx: each task a block of rows and every channel)
+packs them inside each task too (:func:`pack_in_task`), so dy goes through memory once, not
+three times (read, pack written, pack read back). A dense dx whose taps move the dy row by
+one (stride == dilation) walks each reduction chunk of taps x channels as one loop: ``w_adj``
+stores the taps in the order dx visits them, so both operands are contiguous across it. Only
+target numbers (lanes, vector bits, cores, cache sizes) are read, never the target's name.
 """
 
 from __future__ import annotations
@@ -508,6 +510,10 @@ def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -
     ragged = stage != tag.CB_DW_ACC and n_sp <= 4
     flat = stage == tag.CB_DX_ACC and not rep and _flat_taps(_params(workload))
     tile = plan_tile(sch, block, vec, row, tgt, fuse_ok, group, ragged, flat)
+    in_task = None
+    if stage == tag.CB_DX_ACC and fuse_ok and not tile.tail and not rep:
+        in_task = _in_task_tile(sch, workload, block, vec, row, tile)
+        tile = in_task or tile
     if stage == tag.CB_DW_ACC:
         packed = pack_dw_operands(sch, block, tile) if vec == n_sp - 1 else []
     else:
@@ -519,9 +525,71 @@ def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -
                   + ("; the taps inside each chunk" if taps_inside else "")
                   + (f"; reads the expanded {' and '.join(sorted(rep))} (lanes in one "
                      "contiguous run across groups)" if rep else "") + chunks)
+    if in_task:
+        pack_in_task(sch, workload, block)
     if stage != tag.CB_DW_ACC and fuse_ok and not tile.tail:
         return _restore_in_cache(sch, workload, name)
     return False
+
+
+# How many times over the packs of all tasks together may cover the whole y_pack (the rows of
+# the taps' halo each task packs again) for dx to pack it inside its tasks
+PACK_REPEAT_LIMIT = 1.25
+PACK_IN_TASK = True
+
+
+def _in_task_tile(sch, workload, block, vec: int, row: int, tile: Tile) -> Tile | None:
+    """The tile for a dx that packs its own part of ``y_pack`` in each task
+    (:func:`pack_in_task`), or None where it should not: each task takes every channel (a
+    task per block of rows, so no two tasks pack the same rows but for the taps' halo), as
+    many rows as keep its accumulators within 1/8 of L2; and the tasks' packs together may
+    cover the whole pack at most :data:`PACK_REPEAT_LIMIT` times (measured on a copy of the
+    schedule: a 2-D or 3-D dx whose tasks are one row of the outer axes would pack every row
+    once per tap of those axes)."""
+    pack = workload.find(sch, tag.CB_Y_PACK)
+    if not PACK_IN_TASK or pack is None or [sch.get(c).name_hint for c in
+                                            sch.get_consumers(pack)] != [sch.get(block).name_hint]:
+        return None
+    tgt = workload.target
+    ext = [extent(sch, lp) for lp in sch.get_loops(block)]
+    n_sp = spatial_count(sch, block)
+    tiles, nb = ext[row] // tile.rf, ext[vec] // tile.vf
+    per_tile = 4 * tile.rf * ext[vec]  # one row tile's accumulators across every channel
+    mb = largest_divisor(tiles, max(1, (tgt.l2_kib << 10) // 8 // per_tile))
+    others = math.prod(e for i, e in enumerate(ext[:n_sp]) if i not in (vec, row))
+
+    def blocks(mb):
+        while True:
+            yield mb
+            if mb == 1:
+                return
+            mb = largest_divisor(tiles, mb - 1)
+
+    mb, _ = sharing_choice(blocks(mb), lambda m: tiles // m * others, tgt.cores)
+    whole = Tile(tile.vf, tile.rf, mb, nb, tile.kc, 0, tile.kc2, tile.flat)
+    trial = sch.copy()
+    trial_block = trial.get_sblock(sch.get(block).name_hint)
+    tile_acc(trial, trial_block, vec, row, tgt, True, whole)
+    trial_pack = trial.get_sblock(sch.get(pack).name_hint)
+    task = trial.get_loops(trial_block)[0]
+    trial.compute_at(trial_pack, task, preserve_unit_loops=True)
+    packed = extents(trial, trial.get_loops(trial_pack)[1:]) * extent(trial, task)
+    size = math.prod(int(d) for d in sch.get(pack).writes[0].source.shape)
+    return whole if packed <= PACK_REPEAT_LIMIT * size else None
+
+
+def pack_in_task(sch, workload, block) -> None:
+    """dx's ``y_pack`` computed inside each task of ``block`` (its fused parallel loop, see
+    :func:`_in_task_tile`): the rows that task reads, transposed from Y into cache just
+    before its register tiles read them, instead of a pass of its own that writes the whole
+    pack to memory for the tasks to read back."""
+    pack = workload.find(sch, tag.CB_Y_PACK)
+    sch.compute_at(pack, sch.get_loops(block)[0], preserve_unit_loops=True)
+    loops = sch.get_loops(pack)[1:]
+    tu, tv = transpose_tiles(extent(sch, loops[-2]), extent(sch, loops[-1]), ragged_read=True)
+    transpose_blocks(sch, loops[-2], loops[-1], tu, tv)
+    workload.note(sch.get(pack).name_hint, RULE, f"computed in each task of the dx tile (its "
+                  f"rows, in cache), {tu} x {tv} transpose blocks")
 
 
 def _restore_in_cache(sch, workload, acc: str) -> bool:

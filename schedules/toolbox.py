@@ -494,11 +494,14 @@ def transpose_blocks(sch, read_loop, write_loop, tu: int, tv: int) -> list:
     return [uo, vo]
 
 
-def transpose_tiles(n_read: int, n_write: int) -> tuple[int, int]:
+def transpose_tiles(n_read: int, n_write: int, ragged_read: bool = False) -> tuple[int, int]:
     """The block of :func:`transpose_blocks` for loops of ``n_read`` and ``n_write``: a power
     of two up to :data:`TRANSPOSE_TILE` dividing each (1 along the read, the whole loop along
-    the write, where none of at least 4 does)."""
-    return _tile(n_read) or 1, _tile(n_write) or n_write
+    the write, where none of at least 4 does). ``ragged_read``: the read's unrolled loop may
+    end in a guarded partial block (a padded pack's 258 rows), so it takes blocks of
+    :data:`TRANSPOSE_TILE` where no power of two of at least 4 divides it."""
+    read = _tile(n_read) or (TRANSPOSE_TILE if ragged_read and n_read >= TRANSPOSE_TILE else 1)
+    return read, _tile(n_write) or n_write
 
 
 def elementwise_c0(sch, block, target, outer: int = 3, run: int = 0) -> None:

@@ -590,7 +590,7 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     xr = _x_rep(p, xt) if p.rep_fwd or p.rep_dw else None
     outs = [None, None, None]
     if p.need_adjoint:
-        outs[0] = _grad_input_adjoint(p, yr if p.rep_dx else yp, weight, attrs, fb)
+        outs[0] = _grad_input_adjoint(p, yr if p.rep_dx else yp, yt, weight, attrs, fb)
     if p.need_forward:
         outs[0] = _grad_input_forward(p, xr if p.rep_fwd else xp, weight, attrs, fb)
     if p.output_mask[1]:
@@ -871,8 +871,11 @@ def _reversed_taps(ks, axes) -> list:
     return [a.padded_kernel - 1 - k for k, a in zip(ks, axes)]
 
 
-def _grad_input_adjoint(p: Plan, yp, weight, attrs, fb):
-    """``w_adj`` and ``dx_acc``: the plain grad_input, a stride-phase gather of dx taps."""
+def _grad_input_adjoint(p: Plan, yp, yt, weight, attrs, fb):
+    """``w_adj`` and ``dx_acc``: the plain grad_input, a stride-phase gather of dx taps. The
+    exact twin reads Y (``yt``) itself where the fast stage reads ``y_pack``, so the pack may
+    have no other reader and be computed inside the fast stage's tasks
+    (:func:`schedules.convolution_backward.pack_in_task`)."""
     from tvm import te
 
     axes, cyg, cxg = p.axes, p.cyg, p.cxg
@@ -909,10 +912,15 @@ def _grad_input_adjoint(p: Plan, yp, weight, attrs, fb):
             conds = [cond for _, _, cond in taps]
             if exact:
                 conds.append(_real_y(p, taps))
+            co = rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco
             if p.rep_dx:  # y_rep [N, *rows, Cy_g, Cx]: the lanes (c) read adjacent memory
                 y = yp[(b, *rows, rco, c)]
+            elif exact:  # Y's own row (clamped: a padding row is guarded off by _real_y)
+                src = [clamp_index(row - a.dy_pad_before, a.n_out)
+                       for row, a in zip(rows, axes)]
+                y = _operand(yt[(b, co, *src)], str(yt.dtype), cmt, p.acc_dtype)
             else:
-                y = yp[(b, *rows, rco if p.groups == 1 else _group(p, c, cxg) * cyg + rco)]
+                y = yp[(b, *rows, co)]
             prod = y * wa[(*_reversed_taps(ks, axes), rco, c)]
             return te.sum(_guard(_all(conds), prod, p.acc_dtype), axis=[*jr, rco])
         return dx_body

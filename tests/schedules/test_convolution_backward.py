@@ -277,6 +277,36 @@ def test_in_cache_output_reads_the_accumulator_tile_with_no_full_size_copy():
     assert buffers == {"cb_dx_acc_local", "cb_dx_acc_exact"}, buffers
 
 
+# --- dx packs its own rows of dy inside each task ----------------------------------------
+
+# (call, dx packs its rows of dy in each task on x86-avx512)
+IN_TASK = [
+    (G(1, 3, 40, 24, 64, 3, 1, 1), True),            # 40 channels: 4 vectors of 10
+    (G(1, 2, 24, 20, 56, 5, 1, 3, 2), True),         # dilated taps, a halo of 8 rows
+    (G(1, 2, 32, 48, 48, 3, 1, 1, groups=4), True),  # grouped: each group's rows of dy
+    (G(1, 2, 40, 24, 19, 3, 1, 1), True),            # 19 rows: one tile
+    (G(1, 1, 16, 8, 62, 3, 2, 1), False),            # stride 2: tasks not fused
+    (G(2, 2, 24, 16, (6, 32), 3, 1, 1), False),      # 2-D: each task would repack 3 rows
+    (FLAT[0][0], False),                             # 3-D: 9 rows
+]
+
+
+@pytest.mark.parametrize("c, in_task", IN_TASK, ids=lambda v: gid(v)
+                         if isinstance(v, dict) else str(v))
+def test_dx_packs_its_rows_of_dy_in_each_task_where_the_halo_is_small(c, in_task):
+    # each task transposes its rows of dy (and the taps' halo) into cache just before its
+    # register tiles read them, where the tasks' packs together repeat at most 1.25 rows in
+    # every row of the whole pack; the exact twin then reads dy itself
+    notes = _dx_notes(c, targets.get("x86-avx512"))
+    assert ("computed in each task" in notes["cb_y_pack"]) == in_task, notes["cb_y_pack"]
+
+
+@pytest.mark.parametrize("bad", [None, np.nan, np.inf], ids=["finite", "nan", "inf"])
+@pytest.mark.parametrize("c", [c for c, hit in IN_TASK if hit], ids=gid)
+def test_dx_that_packs_in_each_task_matches_the_reference(c, bad):
+    _dx_matches(c, "x86-avx512", 17, bad, (1, 0, *(k - 1 for k in c["w"][2:])))
+
+
 def test_in_cache_output_casts_to_float16():
     _dx_float16_matches(FLAT[0][0], "x86-avx512", 13)
 
