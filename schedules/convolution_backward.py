@@ -78,6 +78,7 @@ from schedules.toolbox import (
     transpose_blocks,
     transpose_tile,
     transpose_tiles,
+    unroll_steps,
     vectorize_split,
 )
 
@@ -295,25 +296,15 @@ def _flatten_chunk(sch, chunk: list, t: Tile) -> None:
         sch.fuse(*chunk[1:])
 
 
-# Reduction steps per iteration of a chunk's innermost loop (unrolled), where that loop has at
-# least UNROLL_MIN_STEPS of them: the register tile's FMAs of one step sat beside the loop's
-# increments and branch; four steps per iteration (same-process A/B, 41 rounds of alternate
-# calls, one / two Emerald Rapids cores: conv1d dx 1.04-1.05x / 1.02x, transposed dx 1.02-1.04x
-# / 1.02x, conv1d dw 1.04x / 1.05x, transposed dw 1.03x / 1.00x, conv3d dw, 28 steps, 1.03x /
-# 1.02x). A short loop (a grouped dx's 12 steps) would be all but unrolled away: 0.97x.
-STEP_UNROLL = 4
-UNROLL_MIN_STEPS = 16
-
-
 def _unroll_steps(sch, chunk: list, t: Tile) -> None:
-    """The innermost loop of a chunk (``kc`` steps; not a :attr:`Tile.flat` fused one) split
-    by :data:`STEP_UNROLL` and the inner part unrolled, where that divides ``kc`` and ``kc``
-    is at least :data:`UNROLL_MIN_STEPS`."""
+    """The innermost loop of a chunk (``kc`` steps; not a :attr:`Tile.flat` fused one) a few
+    steps per iteration (:func:`schedules.toolbox.unroll_steps`; conv1d dx 1.04-1.05x /
+    1.02x on one / two Emerald Rapids cores, transposed dx 1.02-1.04x / 1.02x, conv1d dw
+    1.04x / 1.05x, transposed dw 1.03x / 1.00x, conv3d dw, 28 steps, 1.03x / 1.02x;
+    same-process A/B, 41 rounds of alternate calls)."""
     if (t.flat and t.kc2 > 1) or len(chunk) < 2:
         return
-    steps = extent(sch, chunk[-1])
-    if STEP_UNROLL > 1 and steps >= UNROLL_MIN_STEPS and steps % STEP_UNROLL == 0:
-        sch.unroll(sch.split(chunk[-1], [None, STEP_UNROLL])[1])
+    unroll_steps(sch, chunk[-1])
 
 
 def _tile_nest(sch, block, n_outer: int, t: Tile, target, fuse_ok: bool) -> None:

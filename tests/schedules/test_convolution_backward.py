@@ -385,7 +385,7 @@ UNROLLED = [G(1, 2, 24, 64, 37, 3, 1, 2, 2), G(3, 1, 64, 64, (4, 5, 20), 3, 1, 1
 @pytest.mark.parametrize("c", UNROLLED, ids=gid)
 def test_long_chunks_step_several_reductions_per_iteration(c):
     from dsl.runtime.build import lower
-    from schedules.convolution_backward import STEP_UNROLL, UNROLL_MIN_STEPS
+    from schedules.toolbox import STEP_UNROLL, UNROLL_MIN_STEPS
 
     dx = c["nd"] == 1
     go, x, w = (te.placeholder(c[k], name=n) for k, n in

@@ -406,3 +406,25 @@ def test_taps_of_one_dy_phase_share_a_task(cores, tasks):
         assert np.array_equal(one, many)
         assert_close(one, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
                      "float32", case_id(c))
+
+
+# rows of dy 16 or more positions long (in_w): 4 reduction steps per loop iteration; 7: one
+@pytest.mark.parametrize("c,unrolled", [(D(2, 5, 16, 32, 10, 32, 64, 4, 2, 1, 1, 1), True),
+                                        (DCGAN_SMALL, False)], ids=["w16", "w7"])
+def test_long_rows_step_four_reductions_per_iteration(c, unrolled):
+    from tvm import te
+
+    tgt = targets.get("x86-avx512").with_cores(2)
+    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
+    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], group=c["g"])
+    kernel = dsl.auto_schedule([dw], tgt)
+    script = kernel.s_tir([dy, x, dw]).mod.script()  # applies the rule, records its notes
+    notes = {b: w for b, _, w in kernel.decisions}
+    assert ("4 reduction steps per iteration" in notes["dw_acc"]) == unrolled, notes
+    assert ("iw_1 in T.unroll(4)" in script) == unrolled
+    if targets.runnable(tgt):
+        dy_v, x_v = data(c, "float32", seed=9)
+        out = kernel_for(c, "float32", tgt)(dy_v, x_v)
+        assert_close(out, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
+                     "float32", case_id(c))
