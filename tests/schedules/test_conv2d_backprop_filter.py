@@ -182,3 +182,31 @@ def test_planar_x_pad_is_written_row_by_row_across_channels(cin):
     out = dw_kernel(c, "float32", "float32")(nchw_to_5hd(x_np), nchw_to_5hd(dy_np))
     ref = ref_dw(x_np, dy_np, (32, cin, 3, 3), c["stride"], c["pads"], c["dil"], 1)
     assert_close(fracz_to_weight(out, (32, cin, 3, 3), 1), ref, "float32", case_id(c))
+
+
+# (case, dw reads dy in place): the depthwise regather of dy is dy itself only for one input
+# and one output channel per group, in whole C0 blocks
+DY_IN_PLACE = [
+    (C(2, 32, 32, 9, 11, 3, 1, (1, 1, 1, 1), 1, 32), True),     # depthwise, batch 2
+    (C(1, 48, 48, 13, 7, 3, 2, (1, 0, 0, 1), 1, 48), True),     # stride 2, asymmetric
+    (C(1, 32, 32, 10, 10, 3, 1, (2, 2, 2, 2), 2, 32), True),    # dilated
+    (C(1, 24, 24, 8, 8, 3, 1, (1, 1, 1, 1), 1, 24), False),     # 24 channels: a ragged block
+    (C(1, 16, 32, 8, 8, 3, 1, (1, 1, 1, 1), 1, 16), False),     # multiplier 2
+    (C(1, 32, 32, 8, 8, 3, 1, (1, 1, 1, 1), 1, 8), False),      # 4 channels per group
+]
+
+
+@pytest.mark.parametrize("c, in_place", DY_IN_PLACE, ids=lambda v: case_id(v)
+                         if isinstance(v, dict) else str(v))
+def test_depthwise_dw_reads_dy_in_place_where_the_regather_is_dy(c, in_place):
+    tgt = host_with(48, 2)
+    notes = dict((s, why) for s, _, why in dsl.explain(_schedule(c, tgt)).stages)
+    assert ("read in place" in notes.get("dw_dy_group", "")) == in_place, notes
+    g = c["groups"]
+    w_shape = (c["cout"], c["cin"] // g, c["kh"], c["kw"])
+    for dtype in ("float32", "float16"):
+        x, dy = dw_data(c, dtype, seed=5)
+        out = fracz_to_weight(dw_kernel(c, dtype, "float32", tgt)(nchw_to_5hd(x),
+                                                                   nchw_to_5hd(dy)), w_shape, g)
+        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], g)
+        assert_close(out, ref, "float32", f"{case_id(c)} {dtype}")
