@@ -307,6 +307,19 @@ def test_dx_that_packs_in_each_task_matches_the_reference(c, bad):
     _dx_matches(c, "x86-avx512", 17, bad, (1, 0, *(k - 1 for k in c["w"][2:])))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("c", [c for c, hit in IN_TASK if hit][:2], ids=gid)
+def test_dx_that_packs_in_each_task_in_16_bits(c, dtype):
+    # the pack converts each task's rows of dy to fp32 in cache; grad_input is rounded back
+    dy, x, w = data(c, (dtype,) * 3, seed=17)
+    with targets.use("x86-avx512"):
+        out = call(c, dy, x, w, mask=DX)[0]
+    ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
+    assert str(out.dtype) == dtype
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0,
+                               atol=8e-3 * np.abs(ref).max())
+
+
 def test_in_cache_output_casts_to_float16():
     _dx_float16_matches(FLAT[0][0], "x86-avx512", 13)
 
