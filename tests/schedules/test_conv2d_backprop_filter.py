@@ -210,3 +210,36 @@ def test_depthwise_dw_reads_dy_in_place_where_the_regather_is_dy(c, in_place):
                                                                    nchw_to_5hd(dy)), w_shape, g)
         ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], g)
         assert_close(out, ref, "float32", f"{case_id(c)} {dtype}")
+
+
+# (case, cores, x padded inside each task): grouped layers whose tasks' rows (with the taps'
+# halo) cover x_pad at most 1.25 times over
+PAD_IN_TASK = [
+    (C(2, 64, 64, 28, 28, 3, 1, (1, 1, 1, 1), 1, 64), 16, True),   # 4 row chunks x 4 blocks
+    (DY_IN_PLACE[1][0], 2, True),                                  # stride 2, 2 row chunks
+    (DY_IN_PLACE[4][0], 2, True),                                  # multiplier 2
+    (DY_IN_PLACE[0][0], 16, False),  # 8 chunks of 9 rows: each pads 2 halo rows of its own
+    (CHUNKED[0], 2, False),          # dense: keeps the pass
+]
+
+
+@pytest.mark.parametrize("c, cores, in_task", PAD_IN_TASK, ids=lambda v: case_id(v)
+                         if isinstance(v, dict) else str(v))
+def test_grouped_dw_pads_its_rows_of_x_in_each_task(c, cores, in_task):
+    tgt = host_with(48, cores)
+    notes = dict((s, why) for s, _, why in dsl.explain(_schedule(c, tgt)).stages)
+    assert ("padded in each task" in notes["dw_x_pad"]) == in_task, notes
+    if not in_task:
+        return
+    g = c["groups"]
+    w_shape = (c["cout"], c["cin"] // g, c["kh"], c["kw"])
+    x, dy = dw_data(c, "float32", seed=6)
+    dy = dy.copy()
+    dy[0, 1, 0, 0] = np.nan  # meets x's padding: the exact twin (reading x itself) runs
+    out = fracz_to_weight(dw_kernel(c, "float32", "float32", tgt)(nchw_to_5hd(x),
+                                                                   nchw_to_5hd(dy)), w_shape, g)
+    with np.errstate(invalid="ignore"):
+        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], g)
+    out, finite = assert_nonfinite_positions(out, ref, "NaN in dy")
+    assert not finite.all() and finite.any()
+    assert_close(out[finite], ref[finite], "float32", case_id(c))
