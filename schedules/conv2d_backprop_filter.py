@@ -34,6 +34,7 @@ from schedules.toolbox import (
     BALANCE_MIN,
     C0,
     PARALLEL_MIN_ELEMS,
+    TASK_REPEAT_LIMIT,
     balance,
     c0_vectors,
     divisors,
@@ -45,8 +46,10 @@ from schedules.toolbox import (
     register_tile,
     sharing_choice,
     split_loops,
+    task_repeat,
     tile_factor,
     vector_registers,
+    vectorize_split,
 )
 
 RULE = "x86 dw register tile"
@@ -400,11 +403,6 @@ def schedule_dw_x86(sch, workload) -> None:
     schedule_fallbacks(sch, workload, tag.CONV2D_BACKPROP_FILTER, RULE)
 
 
-# How many times over the tasks' padded rows of x together may cover the whole x_pad (the taps'
-# halo each task pads again) for each task to pad its own rows
-PAD_REPEAT_LIMIT = 1.25
-
-
 def _x_pad_in_task(sch, workload) -> bool:
     """A grouped dw's ``x_pad`` computed inside each task of the one block that reads it (its
     parallel loop): the task's rows of x, padded into cache just before its taps read them,
@@ -413,8 +411,9 @@ def _x_pad_in_task(sch, workload) -> bool:
     1.37-1.39x / 1.46-1.49x, mobilenet_dw_s2 1.73-1.75x / 1.55-1.74x, resnext_grouped_g32
     1.067x / 1.048x; the RGB stem's planar pad, Cout in the lanes, ran 0.97x, so dense
     layers keep the pass). Only where the tasks' rows together repeat at most
-    :data:`PAD_REPEAT_LIMIT` times the whole pad (measured on a copy of the schedule: tasks
-    that are taps would each pad every row). Returns whether it moved the pad."""
+    :data:`schedules.toolbox.TASK_REPEAT_LIMIT` times the whole pad
+    (:func:`schedules.toolbox.task_repeat`: tasks that are taps would each pad every row).
+    Returns whether it moved the pad."""
     import tvm
 
     pad = workload.find(sch, tag.DW_X_PAD)
@@ -424,21 +423,13 @@ def _x_pad_in_task(sch, workload) -> bool:
     task = sch.get_loops(readers[0])[0]
     if sch.get(task).kind != tvm.tirx.ForKind.PARALLEL:
         return False
-    trial = sch.copy()
-    name = sch.get(pad).name_hint
-    trial.compute_at(trial.get_sblock(name), trial.get_loops(
-        trial.get_sblock(sch.get(readers[0]).name_hint))[0], preserve_unit_loops=True)
-    sizes = [trial.get(lp).extent for lp in trial.get_loops(trial.get_sblock(name))[1:]]
-    if not all(isinstance(e, tvm.tirx.IntImm) for e in sizes):
-        return False  # a region that varies from task to task (a ragged chunk of rows)
-    whole = math.prod(int(d) for d in sch.get(pad).writes[0].source.shape)
-    if math.prod(int(e) for e in sizes) * extent(sch, task) > PAD_REPEAT_LIMIT * whole:
+    repeat = task_repeat(sch, pad, readers[0])
+    if repeat is None or repeat > TASK_REPEAT_LIMIT:
         return False
     sch.compute_at(pad, task, preserve_unit_loops=True)
-    inner = sch.get_loops(pad)[-1]
     _, lanes = c0_vectors(workload.target)
-    sch.vectorize(sch.split(inner, [None, lanes])[-1] if extent(sch, inner) > lanes else inner)
-    workload.note(name, RULE, "x padded in each task (its rows, in cache)")
+    vectorize_split(sch, sch.get_loops(pad)[-1], lanes)
+    workload.note(sch.get(pad).name_hint, RULE, "x padded in each task (its rows, in cache)")
     return True
 
 

@@ -62,7 +62,9 @@ from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
+    TASK_REPEAT_LIMIT,
     accumulator_registers,
+    divisors,
     elementwise,
     extent,
     extents,
@@ -75,6 +77,7 @@ from schedules.toolbox import (
     sharing_choice,
     spatial_count,
     split_last_tile,
+    task_repeat,
     transpose_blocks,
     transpose_tile,
     transpose_tiles,
@@ -523,16 +526,13 @@ def _schedule_acc(sch, workload, block, stage: str, what: str, group_channels) -
     return False
 
 
-# How many times over the packs of all tasks together may cover the whole y_pack (the rows of
-# the taps' halo each task packs again) for dx to pack it inside its tasks
-PACK_REPEAT_LIMIT = 1.25
-
-
 def _in_task_tile(sch, workload, block, vec: int, row: int, tile: Tile) -> Tile | None:
     """The tile for a dx that packs its own rows of ``y_pack`` in each task
     (:func:`pack_in_task`), or None where it should not: ``block`` must be the pack's one
     reader, and the tasks' packs together may cover the whole pack at most
-    :data:`PACK_REPEAT_LIMIT` times (:func:`_pack_repeat`). Each task takes every channel (no
+    :data:`schedules.toolbox.TASK_REPEAT_LIMIT` times (:func:`schedules.toolbox.task_repeat`;
+    a 2-D or 3-D dx whose tasks are single rows of the outer axes would pack every row once
+    per tap of those axes). Each task takes every channel (no
     two tasks pack the same rows but for the taps' halo) and as many row tiles as keep its
     accumulators within 1/8 of L2, fewer until the tasks share out over the cores."""
     pack = workload.find(sch, tag.CB_Y_PACK)
@@ -546,32 +546,13 @@ def _in_task_tile(sch, workload, block, vec: int, row: int, tile: Tile) -> Tile 
     per_tile = 4 * tile.rf * ext[vec]  # one row tile's accumulators across every channel
     others = math.prod(e for i, e in enumerate(ext[:n_sp]) if i not in (vec, row))
 
-    def blocks(mb):
-        while True:
-            yield mb
-            if mb == 1:
-                return
-            mb = largest_divisor(tiles, mb - 1)
-
-    most = largest_divisor(tiles, max(1, (tgt.l2_kib << 10) // 8 // per_tile))
-    mb, _ = sharing_choice(blocks(most), lambda m: tiles // m * others, tgt.cores)
+    most = (tgt.l2_kib << 10) // 8 // per_tile
+    rows = [d for d in sorted(divisors(tiles), reverse=True) if d <= max(1, most)]
+    mb, _ = sharing_choice(rows, lambda m: tiles // m * others, tgt.cores)
     whole = Tile(tile.vf, tile.rf, mb, ext[vec] // tile.vf, tile.kc, 0, tile.kc2, tile.flat)
-    if _pack_repeat(sch, pack, block, vec, row, whole, tgt) > PACK_REPEAT_LIMIT:
-        return None
-    return whole
-
-
-def _pack_repeat(sch, pack, block, vec: int, row: int, tile: Tile, target) -> float:
-    """How many times over the packs of ``block``'s tasks, tiled by ``tile``, would cover the
-    whole ``pack``: measured on a copy of the schedule, ``pack`` computed at the task loop."""
-    trial = sch.copy()
-    trial_block = trial.get_sblock(sch.get(block).name_hint)
-    tile_acc(trial, trial_block, vec, row, target, True, tile)
-    trial_pack = trial.get_sblock(sch.get(pack).name_hint)
-    task = trial.get_loops(trial_block)[0]
-    trial.compute_at(trial_pack, task, preserve_unit_loops=True)
-    packed = extents(trial, trial.get_loops(trial_pack)[1:]) * extent(trial, task)
-    return packed / math.prod(int(d) for d in sch.get(pack).writes[0].source.shape)
+    repeat = task_repeat(sch, pack, block, lambda trial, acc: tile_acc(
+        trial, acc, vec, row, tgt, True, whole))
+    return whole if repeat is not None and repeat <= TASK_REPEAT_LIMIT else None
 
 
 def pack_in_task(sch, workload, block) -> None:

@@ -320,6 +320,34 @@ def vectorize_inner(sch, block, max_lanes: int = 64) -> None:
         sch.vectorize(loops[-1])
 
 
+# How many times over the copies of a stage computed inside each task of its reader may cover
+# the whole stage (the rows of the taps' halo each task computes again) for a rule to move the
+# stage into the tasks (:func:`task_repeat`)
+TASK_REPEAT_LIMIT = 1.25
+
+
+def task_repeat(sch, stage, reader, prepare=None) -> float | None:
+    """How many times over the parts of ``stage`` that the tasks of ``reader`` (its first,
+    parallel loop) would compute, were ``stage`` computed there, cover the whole of it:
+    measured on a copy of ``sch``, after ``prepare(copy, reader's block in the copy)`` (the
+    reader's own tiling, when not yet applied). None where the part varies from task to
+    task (a ragged chunk of rows)."""
+    import tvm
+
+    trial = sch.copy()
+    trial_reader = trial.get_sblock(sch.get(reader).name_hint)
+    if prepare is not None:
+        prepare(trial, trial_reader)
+    trial_stage = trial.get_sblock(sch.get(stage).name_hint)
+    task = trial.get_loops(trial_reader)[0]
+    trial.compute_at(trial_stage, task, preserve_unit_loops=True)
+    sizes = [trial.get(lp).extent for lp in trial.get_loops(trial_stage)[1:]]
+    if not all(isinstance(e, tvm.tirx.IntImm) for e in sizes):
+        return None
+    whole = math.prod(int(d) for d in sch.get(stage).writes[0].source.shape)
+    return math.prod(int(e) for e in sizes) * extent(trial, task) / whole
+
+
 # Reduction steps per iteration of an innermost reduction loop (unrolled), where that loop has
 # at least UNROLL_MIN_STEPS of them: a register tile's FMAs of one step sat beside the loop's
 # increment, compare and branch (and a 28-step loop of DeconvGradFilter exited every 336

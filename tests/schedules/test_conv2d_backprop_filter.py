@@ -71,13 +71,19 @@ CHUNKED = [
 ]
 
 
-def _run(c, dtype, tgt):
-    x, dy = dw_data(c, dtype)
+def _run(c, dtype, tgt, seed=0, dy_at=None):
+    """dw of case ``c`` and the float64 reference; ``dy_at``: ``(index, value)`` put into dy
+    first."""
+    x, dy = dw_data(c, dtype, seed=seed)
+    if dy_at is not None:
+        dy = dy.copy()
+        dy[dy_at[0]] = dy_at[1]
     kernel = dw_kernel(c, dtype, "float32", tgt)
-    w_shape = (c["cout"], c["cin"], c["kh"], c["kw"])
-    out = fracz_to_weight(kernel(nchw_to_5hd(x), nchw_to_5hd(dy)), w_shape, 1)
+    g = c["groups"]
+    w_shape = (c["cout"], c["cin"] // g, c["kh"], c["kw"])
+    out = fracz_to_weight(kernel(nchw_to_5hd(x), nchw_to_5hd(dy)), w_shape, g)
     with np.errstate(invalid="ignore"):
-        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], 1)
+        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], g)
     return out, ref, x, dy
 
 
@@ -202,13 +208,8 @@ def test_depthwise_dw_reads_dy_in_place_where_the_regather_is_dy(c, in_place):
     tgt = host_with(48, 2)
     notes = dict((s, why) for s, _, why in dsl.explain(_schedule(c, tgt)).stages)
     assert ("read in place" in notes.get("dw_dy_group", "")) == in_place, notes
-    g = c["groups"]
-    w_shape = (c["cout"], c["cin"] // g, c["kh"], c["kw"])
     for dtype in ("float32", "float16"):
-        x, dy = dw_data(c, dtype, seed=5)
-        out = fracz_to_weight(dw_kernel(c, dtype, "float32", tgt)(nchw_to_5hd(x),
-                                                                   nchw_to_5hd(dy)), w_shape, g)
-        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], g)
+        out, ref, _, _ = _run(c, dtype, tgt, seed=5)
         assert_close(out, ref, "float32", f"{case_id(c)} {dtype}")
 
 
@@ -231,15 +232,8 @@ def test_grouped_dw_pads_its_rows_of_x_in_each_task(c, cores, in_task):
     assert ("padded in each task" in notes["dw_x_pad"]) == in_task, notes
     if not in_task:
         return
-    g = c["groups"]
-    w_shape = (c["cout"], c["cin"] // g, c["kh"], c["kw"])
-    x, dy = dw_data(c, "float32", seed=6)
-    dy = dy.copy()
-    dy[0, 1, 0, 0] = np.nan  # meets x's padding: the exact twin (reading x itself) runs
-    out = fracz_to_weight(dw_kernel(c, "float32", "float32", tgt)(nchw_to_5hd(x),
-                                                                   nchw_to_5hd(dy)), w_shape, g)
-    with np.errstate(invalid="ignore"):
-        ref = ref_dw(x, dy, w_shape, c["stride"], c["pads"], c["dil"], g)
+    # a NaN meeting x's padding: the exact twin (reading x itself) runs
+    out, ref, _, _ = _run(c, "float32", tgt, seed=6, dy_at=((0, 1, 0, 0), np.nan))
     out, finite = assert_nonfinite_positions(out, ref, "NaN in dy")
     assert not finite.all() and finite.any()
     assert_close(out[finite], ref[finite], "float32", case_id(c))

@@ -46,13 +46,16 @@ def _dx_matches(c, target: str, seed: int, bad=None, where=None) -> None:
     assert err <= 2e-5 * max(1.0, np.abs(ref[finite]).max()), err
 
 
-def _dx_float16_matches(c, target: str, seed: int) -> None:
-    dy, x, w = data(c, ("float16",) * 3, seed=seed)
+def _dx_16bit_matches(c, target: str, seed: int, dtype: str = "float16",
+                        atol: float = 4e-3) -> None:
+    """dx of call ``c`` in ``dtype`` (a 16-bit float) against the float64 reference of the same
+    inputs, within ``atol`` of its largest magnitude."""
+    dy, x, w = data(c, (dtype,) * 3, seed=seed)
     with targets.use(target):
         out = call(c, dy, x, w, mask=DX)[0]
     ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
-    assert out.dtype == np.float16
-    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=4e-3 * np.abs(ref).max())
+    assert str(out.dtype) == dtype
+    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0, atol=atol * np.abs(ref).max())
 
 
 # Cin 24 (from DW_Y_IN_PLACE_FROM up): y read in place, only x packed; Cin 12: both packed
@@ -167,7 +170,7 @@ def test_dx_with_a_last_tile_matches_the_reference(c, bad):
 
 
 def test_dx_with_a_last_tile_in_float16():
-    _dx_float16_matches(RAGGED[1], "x86-avx2", 11)
+    _dx_16bit_matches(RAGGED[1], "x86-avx2", 11)
 
 
 # --- reduction chunks that span two axes -----------------------------------------------------
@@ -311,17 +314,11 @@ def test_dx_that_packs_in_each_task_matches_the_reference(c, bad):
 @pytest.mark.parametrize("c", [c for c, hit in IN_TASK if hit][:2], ids=gid)
 def test_dx_that_packs_in_each_task_in_16_bits(c, dtype):
     # the pack converts each task's rows of dy to fp32 in cache; grad_input is rounded back
-    dy, x, w = data(c, (dtype,) * 3, seed=17)
-    with targets.use("x86-avx512"):
-        out = call(c, dy, x, w, mask=DX)[0]
-    ref = reference(c, *(a.astype(np.float64) for a in (dy, x, w)))[0]
-    assert str(out.dtype) == dtype
-    np.testing.assert_allclose(out.astype(np.float64), ref, rtol=0,
-                               atol=8e-3 * np.abs(ref).max())
+    _dx_16bit_matches(c, "x86-avx512", 17, dtype, atol=8e-3)
 
 
 def test_in_cache_output_casts_to_float16():
-    _dx_float16_matches(FLAT[0][0], "x86-avx512", 13)
+    _dx_16bit_matches(FLAT[0][0], "x86-avx512", 13)
 
 
 # --- the parallel split: tasks shared out evenly ---------------------------------------------
