@@ -28,11 +28,17 @@ import warnings
 from dsl.errors import E_VALUE, fail
 from dsl.tuning import database as tuning_db
 
-# Set by the first Ctrl-C of a search; the measure callback polls it (meta-schedule runs its
-# loop in C++ and swallows exceptions raised in Python callbacks).
+# Set by the first Ctrl-C of a search; the measure callback polls it after each measured batch
+# (meta-schedule runs its loop in C++, so a KeyboardInterrupt raised at an arbitrary point
+# could land between a measurement and its record).
 STOP = threading.Event()
 
 _CLASSES: dict = {}
+
+
+class SearchStopped(RuntimeError):
+    """Raised by the measure callback after the batch in which Ctrl-C came (it reaches
+    :func:`search` as the FFI's RuntimeError, which checks :data:`STOP`)."""
 
 
 def parse_tracker(tracker) -> tuple[str, int]:
@@ -141,19 +147,21 @@ def _progress_callback(PyMeasureCallback):
 
         def __init__(self, steps, flops: float, best: float | None):
             super().__init__()
-            self.steps, self.flops, self.best, self.stopped = steps, flops, best, False
+            self.steps, self.flops, self.best = steps, flops, best
 
         def apply(self, task_scheduler, task_id, measure_candidates, builder_results,
                   runner_results) -> None:
-            if STOP.is_set() and not self.stopped:
-                # Ctrl-C: end the search here; this batch's records are already committed.
-                self.stopped = True
-                task_scheduler.terminate_task(task_id)
             for res in runner_results:
                 t = tuning_db.mean_seconds(res.run_secs) if res.error_msg is None else None
                 if t is not None and (self.best is None or t < self.best):
                     self.best = t
             self.steps.update(len(runner_results), self.best_text())
+            if STOP.is_set():
+                # Ctrl-C: this batch's records are committed (the database callback runs
+                # first). Raising unwinds meta-schedule's loop at once, whichever of its
+                # paths called us (terminating the task from here can leave it handing a
+                # finished task back to its loop, which then fails a check).
+                raise SearchStopped("stopped by Ctrl-C")
 
         def best_text(self) -> str:
             if self.best and self.flops:
@@ -258,6 +266,16 @@ def stop_on_sigint():
 
 
 @contextlib.contextmanager
+def _stopped_quietly():
+    """End the search without an error when it unwound because of Ctrl-C."""
+    try:
+        yield
+    except Exception:
+        if not STOP.is_set():
+            raise
+
+
+@contextlib.contextmanager
 def quiet_meta_schedule():
     """meta-schedule logs every task table at INFO to the console; our progress replaces it
     (``DSL_TUNE_DEBUG=1`` shows meta-schedule's own log at DEBUG)."""
@@ -304,7 +322,7 @@ def search(mod, base, db, progress, todo: int, *, seed, remote, evaluator: dict,
         init_min_unmeasured=min(50, max(8, 2 * todo)),
         genetic_num_iters=4 if todo >= 32 else 2)
     with tempfile.TemporaryDirectory(prefix="dsl-tune-") as work_dir, \
-            quiet_meta_schedule(), stop_on_sigint():
+            quiet_meta_schedule(), stop_on_sigint(), _stopped_quietly():
         ms.tune_tir(
             mod, target=base.target.tvm_target(), work_dir=work_dir,
             max_trials_global=todo, num_trials_per_iter=min(trials_per_iter or 64, todo),

@@ -207,7 +207,8 @@ def test_unreachable_tracker_fails_fast(db):
 def test_ctrl_c_keeps_records(db, tmp_path):
     script = tmp_path / "run.py"
     script.write_text(textwrap.dedent(f"""
-        import sys
+        import faulthandler, signal, sys
+        faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, if it hangs
         sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "dsl" / "tuning")!r}]
         from helpers import seed_dx
         from test_tune import FAST
@@ -234,13 +235,21 @@ def test_ctrl_c_keeps_records(db, tmp_path):
         proc.send_signal(signal.SIGINT)
         # the batch being measured finishes first: on a loaded machine a batch has taken
         # minutes (a full-suite run saw ~30 s per trial), so the bound matches the first one
-        out, err = proc.communicate(timeout=600)
+        try:
+            out, err = proc.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # its threads' stacks, to stderr
+            time.sleep(5)
+            proc.kill()
+            out, err = proc.communicate(timeout=60)
+            pytest.fail(f"still running 600 s after Ctrl-C; its stderr ends:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 130 and "INTERRUPTED" in out, (out, err)
     assert "stopping after the current batch" in err and "records kept" in err
+    assert "search failed" not in err, err  # a stop is not an error
     (records,) = db.glob("*/*[0-9a-f].jsonl")
     lines = tuning_db.read_lines(records)
     # the measured batches are kept; the rest never ran (64 trials leave room for the signal
