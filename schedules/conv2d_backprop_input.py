@@ -148,25 +148,78 @@ def dx_acc_tiles(sch, block, target, kc: int = 0):
     cx1_t, tw = tile_shape(sch, block, target)
     spatial, red = tb.split_loops(sch, block)
     dot = dot_intrinsic(sch, block, target)
-    if kc:
-        co1, jh, jw, _ = (tb.extent(sch, lp) for lp in red)
-        # the weight stage of a layout without dot products: float32 (int32 for int8)
-        kc = chunk_blocks(co1, jh * jw, 4, cx1_t, target, step=kc)
-        kc = 0 if kc == co1 else kc
+    kc = phase_chunk(sch, block, target, cx1_t, kc) if kc else 0
     if not kc:
         per_lane = len(red) == 3
         return tb.register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw},
                                 par=[0, 1, 2], serial=[3],
                                 red_inner=(red[1],) if per_lane else (), dot_intrin=dot), 0
+    return chunk_tiles(sch, block, target, cx1_t, tw, kc, dot), kc
+
+
+def phase_chunk(sch, block, target, cx1_t: int, kc: int) -> int:
+    """dy channel blocks per reduction chunk of the phase ``block`` (a multiple of the
+    weight panels' ``kc``, :func:`chunk_blocks` over the phase's own taps), 0 where its whole
+    reduction's panel fits."""
+    _, red = tb.split_loops(sch, block)
+    co1, jh, jw, _ = (tb.extent(sch, lp) for lp in red)
+    # the weight stage of a layout without dot products: float32 (int32 for int8)
+    kc = chunk_blocks(co1, jh * jw, 4, cx1_t, target, step=kc)
+    return 0 if kc == co1 else kc
+
+
+def chunk_tiles(sch, block, target, cx1_t: int, tw: int, kc: int, dot=None,
+                every_block: bool = False):
+    """The register tiles of a dx phase whose reduction runs in chunks of ``kc`` dy channel
+    blocks (:func:`dx_acc_tiles`): each task takes :func:`task_rows` rows of an image and
+    ``cx1_t`` C1x blocks of them, or with ``every_block`` every C1x block (one after the
+    other, each over every row of the task: :func:`pad_in_task`'s tasks, which pad their own
+    rows of dy). Returns :func:`schedules.toolbox.register_tile`'s result."""
+    spatial, red = tb.split_loops(sch, block)
     b, cx1, qh, qw, cx0 = spatial
     n, c1x, hq, wq = (tb.extent(sch, lp) for lp in (b, cx1, qh, qw))
-    row_bytes = cx1_t * wq * C0 * 4  # the task's accumulators: float32 or int32
-    rows = task_rows(n * c1x // cx1_t, hq, row_bytes, target)
+    blocks = c1x if every_block else cx1_t
+    row_bytes = blocks * wq * C0 * 4  # the task's accumulators: float32 or int32
+    rows = task_rows(n * c1x // blocks, hq, row_bytes, target)
     qh_o, qh_i = sch.split(qh, [None, rows])
     co1_o, co1_i = sch.split(red[0], [None, kc])
+    par, serial = ([0, 2], [1, 3, 4]) if every_block else ([0, 1, 2], [3, 4])
     return tb.register_tile(sch, block, target, [b, cx1, qh_o, qh_i, qw, cx0],
-                            [co1_o, co1_i, *red[1:]], {1: cx1_t, 4: tw}, par=[0, 1, 2],
-                            serial=[3, 4], dot_intrin=dot, chunk=1), kc
+                            [co1_o, co1_i, *red[1:]], {1: cx1_t, 4: tw}, par=par,
+                            serial=serial, dot_intrin=dot, chunk=1)
+
+
+def pad_in_task(sch, workload, block, kc: int):
+    """Where it pays, tile the chunked dx phase ``block`` (the pad's one reader) so that each
+    task takes every C1x block of its rows (:func:`chunk_tiles`) and computes ``dx_dy_pad``
+    inside the task: its rows of dy, padded into cache just before its tiles read them,
+    instead of a pass of its own that writes the whole pad to memory for the tasks to read
+    back. Only where those tasks still share out over the cores and their pads together
+    cover the whole pad at most :data:`schedules.toolbox.TASK_REPEAT_LIMIT` times
+    (:func:`schedules.toolbox.task_repeat`: the taps' halo rows are padded by both tasks
+    beside them). Returns ``(register_tile's result, kc)``, or None (nothing done)."""
+    target = workload.target
+    pad = workload.find(sch, tag.DX_DY_PAD)
+    if pad is None or [sch.get(c).name_hint for c in sch.get_consumers(pad)] != [
+            sch.get(block).name_hint]:
+        return None
+    cx1_t, tw = tile_shape(sch, block, target)
+    kc = phase_chunk(sch, block, target, cx1_t, kc)
+    spatial, _ = tb.split_loops(sch, block)
+    n, c1x, hq, wq = (tb.extent(sch, lp) for lp in spatial[:4])
+    rows = task_rows(n, hq, c1x * wq * C0 * 4, target)
+    if not kc or tb.task_share(n * hq // rows, target.cores) < tb.BALANCE_MIN:
+        return None
+    repeat = tb.task_repeat(sch, pad, block, lambda trial, acc: chunk_tiles(
+        trial, acc, target, cx1_t, tw, kc, every_block=True))
+    if repeat is None or repeat > tb.TASK_REPEAT_LIMIT:
+        return None
+    tiled = chunk_tiles(sch, block, target, cx1_t, tw, kc, every_block=True)
+    sch.compute_at(pad, sch.get_loops(block)[0], preserve_unit_loops=True)
+    tb.vectorize_split(sch, sch.get_loops(pad)[-1], tb.c0_vectors(target)[1])
+    workload.note(sch.get(pad).name_hint, RULE,
+                  f"dy padded in each task (its rows, in cache; {repeat:.2f}x the pad)")
+    return tiled, kc
 
 
 def weight_panels(sch, weight, cx1_t: int, kc: int) -> None:
@@ -247,10 +300,14 @@ def schedule_dx_x86(sch, workload) -> None:
             if written:
                 stages.remove(tag.CONV2D_BACKPROP_INPUT)
             continue
-        (wb, _), kc_acc = dx_acc_tiles(sch, acc, target, kc)
+        in_task = pad_in_task(sch, workload, acc, kc) if kc and len(accs) == 1 else None
+        (wb, _), kc_acc = in_task or dx_acc_tiles(sch, acc, target, kc)
         workload.note(name, RULE, "C1x blocks x Wq positions x C0 lanes in registers"
                       + (f", Cout in chunks of {kc_acc * C0} (weight panels in L1)"
-                         if kc_acc else ""))
+                         if kc_acc else "")
+                      + (", each task every C1x block of its rows" if in_task else ""))
+        if in_task:
+            stages.remove(tag.DX_DY_PAD)
         # one phase: dx (and a fused epilogue) is written straight from the register tile
         if len(accs) == 1 and fusion.write_from_tile(
                 sch, workload, wb, workload.find(sch, tag.CONV2D_BACKPROP_INPUT), RULE):

@@ -122,6 +122,8 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     te.Tensor
         dx, NC1HWC0 ``(N, ceil(Cin/16), H, W, 16)`` of ``res_dtype``.
     """
+    from tvm import te
+
     p = plan(filters, out_backprop, filter_sizes, input_sizes, para_dict)
     dyp = dy_stage(p, out_backprop)
     wt = weight_stage(p, filters)
@@ -130,7 +132,12 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     has_twins = p.acc_dtype != "int32" and bool(phases)  # integers are always finite
     if has_twins:
         flag = fallback.nonfinite_flag(TAG, "dx_w_nonfinite", [filters])
-        exact = [phase_acc(p, dyp, wt, *k, flag=flag) for k in phases]
+        # a dense twin reads dy itself: the pad then has one reader, which a schedule may
+        # compute it inside (schedules.conv2d_backprop_input.pad_in_task); not a user's
+        # prologue, which is inlined only where no reduction reads it (schedules.fusion)
+        own = out_backprop if p.lay.dense and p.dot <= 1 and not p.positions and isinstance(
+            out_backprop.op, te.PlaceholderOp) else None
+        exact = [phase_acc(p, dyp, wt, *k, flag=flag, dy=own) for k in phases]
         accs = {k: phase_acc(p, dyp, wt, *k, twin=e) for k, e in zip(phases, exact)}
     else:
         accs = {k: phase_acc(p, dyp, wt, *k) for k in phases}
@@ -566,7 +573,7 @@ def _weight_value(p: Plan, filters, cx1, k_h, k_w, co, cx0, dtype: str):
     return te.if_then_else(tvm.tirx.all(*conds), val, tvm.tirx.const(0, dtype))
 
 
-def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
+def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None, dy=None):
     """``acc`` of the dx positions ``(q_h*sh + ph, q_w*sw + pw)``: every tap index is affine
     in ``q`` and the reduction step ``(jh, jw)``.
 
@@ -574,7 +581,8 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
     weight is NaN or infinite. So float dx also has, per phase, an ``exact`` twin (made with
     ``flag``, :func:`dsl.ops.fallback.nonfinite_flag`) where those taps add nothing; it runs
     only when ``flag`` is set, and the ``acc`` made with ``twin`` takes its values then (both
-    :mod:`dsl.runtime.run_if`)."""
+    :mod:`dsl.runtime.run_if`). ``dy`` (a dense layout's twin): read dy itself, the row and
+    column clamped into it (the twin's guard drops what lies outside), instead of ``dyp``."""
     from tvm import te
 
     (nq_h, k0_h, nt_h, c_h), (nq_w, k0_w, nt_w, c_w) = p.phases_h[ph], p.phases_w[pw]
@@ -607,9 +615,27 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None):
         kind = _Acc("dx_exact", tag.DX_EXACT, real, fallback.twin_attrs(flag))
     elif twin is not None:
         kind = replace(kind, attrs=fallback.fast_attrs(twin))
+    if dy is not None:
+        dyp = _UnpaddedDy(p, dy)
     if p.positions:
         return _acc_positions(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix, kind)
     return _acc_lanes(p, dyp, wt, tap, (jh, jw), (nq_h, nq_w), suffix, kind)
+
+
+@dataclass(frozen=True)
+class _UnpaddedDy:
+    """dy indexed like the padded ``dx_dy_pad`` ``[N, C1y, Hp, Wp, C0]`` (in
+    ``p.acc_dtype``): the row and column clamped into dy, so the read stays in bounds; the
+    caller's guard supplies the padding's zero."""
+
+    p: Plan
+    dy: object
+
+    def __getitem__(self, idx):
+        b, c1, hp, wp, c0 = idx
+        p = self.p
+        return self.dy[b, c1, clamp_index(hp - p.pad_h, p.ah.n_out),
+                       clamp_index(wp - p.pad_w, p.aw.n_out), c0].astype(p.acc_dtype)
 
 
 def stored_tap(k: int, k0: int, n: int, step: int, j):

@@ -160,3 +160,46 @@ def test_grouped_dx_loads_each_run_of_equal_lanes_once(c, run):
         ref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"],
                      c["dil"], c["groups"])
         assert_close(out, ref, "float32", f"{case_id(c)} {dtype}")
+
+
+IN_TASK_PAD = [  # (case, cores, whether each task pads its own rows of dy)
+    (C(4, 40, 36, 8, 11, 3, 1, (1, 1, 1, 1), 1, 1), 2, True),   # 4 images, 2 tasks a core
+    (C(4, 32, 32, 6, 10, 3, 1, (2, 1, 0, 2), 2, 1), 2, True),   # dilation 2, asymmetric pads
+    (C(2, 24, 33, 14, 7, (3, 2), 1, (1, 1, 1, 0), 1, 1), 2, True),  # 2 tasks of 7 rows an image
+    (C(4, 40, 36, 8, 11, 3, 1, (1, 1, 1, 1), 1, 1), 16, False),  # rows of 1: 3x the pad
+    (CHUNKED[1], 2, False),  # stride 2: a pad read by every phase
+]
+
+
+@pytest.mark.parametrize("c, cores, in_task", IN_TASK_PAD,
+                         ids=[f"{case_id(c)}-{n}cores" for c, n, _ in IN_TASK_PAD])
+def test_where_each_task_pads_its_rows_of_dy(c, cores, in_task):
+    sch, tensors = _dx_schedule(c, host_with(4, cores))
+    text = str(dsl.explain(sch))
+    assert ("dy padded in each task" in text) == in_task, text
+    assert ("each task every C1x block of its rows" in text) == in_task
+    if in_task:  # the pad is a buffer of one task's rows, inside the task loop
+        script = sch.s_tir(list(tensors)).mod.script()
+        task = script.index("T.parallel", script.index('T.sblock("dx_acc_init")') - 2000)
+        assert task < script.index('T.sblock("dx_dy_pad")') < script.index(
+            'T.sblock("dx_acc_update")')
+
+
+@pytest.mark.parametrize("c", [c for c, _, in_task in IN_TASK_PAD if in_task], ids=case_id)
+def test_dx_that_pads_in_each_task_matches_the_reference(c):
+    """In float32 and float16, and with a NaN weight (the exact twin reads dy itself now)."""
+    tgt = host_with(4, 2)
+    shape = (c["n"], c["cin"], c["h"], c["w"])
+    for dtype, nan in (("float32", False), ("float16", False), ("float32", True)):
+        dy, w = dx_data(c, dtype)
+        if nan:
+            w = w.copy()
+            w[3, 5, 0, 1] = np.nan
+        kernel = dx_kernel(c, dtype, "float32", tgt)
+        out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
+        with np.errstate(invalid="ignore"):
+            ref = ref_dx(dy, w, shape, c["stride"], c["pads"], c["dil"], 1)
+        assert np.array_equal(np.isnan(out), np.isnan(ref)), f"{case_id(c)} {dtype} {nan}"
+        assert not nan or np.isnan(ref).any() and not np.isnan(ref).all()
+        finite = ~np.isnan(ref)
+        assert_close(out[finite], ref[finite], "float32", f"{case_id(c)} {dtype} {nan}")
