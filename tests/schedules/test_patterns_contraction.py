@@ -296,3 +296,35 @@ def test_across_channels_tile_on_every_vector_width(name, w):
         xn, wn = rand((1, 8, 6, w), "float32", rng), rand((64, 8, 3, 3), "float32", rng)
         (out,), why = build_run([y], [x, wt], [xn, wn], target=tgt)
         check(out, _ref_conv(xn, wn, 1), "float32", name)
+
+
+@pytest.mark.parametrize("l2_kib, m, k, rows", [
+    (2048, 1024, 1024, 256),  # 256 rows x 4 KB of S: half of L2, the cap of 64 tiles
+    (1024, 1024, 1024, 128),  # a Zen 4 / Zen 5 L2
+    (256, 1024, 1024, 32),    # a small L2
+    (2048, 165, 33, 165),     # the whole of a short m in one block, no padded tile
+])
+def test_l2_block_rows_come_from_the_target_l2(l2_kib, m, k, rows):
+    """The micro-tiles of one block (their S rows stay in L2 while V's panel streams past
+    them): half the target's L2, at most 64 tiles."""
+    from dataclasses import replace
+
+    import dsl
+
+    tgt = replace(targets.get("host"), name=f"host-l2-{l2_kib}", l2_kib=l2_kib, cores=2)
+    targets.register(tgt)
+    a, b, c = _matmul(m, 64, k, "float32")
+    why = str(dsl.explain(dsl.auto_schedule([c], target=tgt)))
+    mr, tiles = re.search(r"register tile (\d+) x .*, (\d+) tiles per L2 block", why).groups()
+    assert int(mr) * int(tiles) == rows, why
+
+
+def test_a_tall_l2_block_matches_numpy():
+    """33 micro-tiles of 5 rows in one block (more than the 8 of a 256 KB L2), ragged k."""
+    m, n, k = 165, 64, 37
+    rng = np.random.default_rng(11)
+    a, b, c = _matmul(m, n, k, "float32")
+    an, bn = rand((m, k), "float32", rng), rand((k, n), "float32", rng)
+    (out,), why = build_run([c], [a, b], [an, bn])
+    assert "33 tiles per L2 block" in str(why), str(why)
+    check(out, an.astype(np.float64) @ bn.astype(np.float64), "float32", "tall block")
