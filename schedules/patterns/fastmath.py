@@ -1,4 +1,4 @@
-"""A vectorisable ``exp`` for float32 on LLVM targets.
+"""A vectorisable ``exp`` and ``tanh`` for float32 on LLVM targets.
 
 LLVM lowers a vector ``llvm.exp`` to one scalar ``expf`` call per lane (no vector math
 library is linked), which made a softmax spend most of its time in libm. This registers a
@@ -8,6 +8,15 @@ Cephes degree-6 polynomial for ``e^r`` on ``|r| <= ln2 / 2`` (about 1 ulp), and 
 built in the exponent bits in two halves, so results down to the subnormal range and up to
 ``FLT_MAX`` are exact-rounded scalings. ``x > 88.72..`` gives ``inf``, ``x < -104`` gives 0,
 NaN stays NaN. float16 is computed in float32 and rounded once; float64 keeps libm's exp.
+
+``tanh`` likewise: TVM's LLVM rule computes ``(1 - e^-2x) / (1 + e^-2x)`` and its mirror,
+two ``exp`` and two divisions a value, whose ``e^-2x`` turns subnormal for ``|x|`` past 44
+(each multiply on a subnormal a microcode assist on Intel cores: a GEMM + bias + GELU whose
+outputs reach +-30 spent more time in that epilogue than in its products on one Emerald
+Rapids core), and which loses relative precision near 0. This one is Cephes' ``tanhf``:
+``x (1 + x^2 P(x^2))`` below ``|x| = 0.625``, else ``1 - 2 / (e^2|x| + 1)`` with ``|x|`` clamped
+to 10 (``tanh(10)`` rounds to 1), the sign copied back: one ``exp`` and one division, no
+subnormal anywhere, within a few ulp.
 
 The registration is process-wide (TVM looks intrinsic lowerings up per target kind); it is
 made when the pattern rules are loaded, before any kernel of this package is scheduled.
@@ -20,6 +29,9 @@ LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
 POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
         1.6666665459e-1, 5.0000001201e-1)
 EXP_MAX, EXP_MIN = 88.72283935546875, -104.0
+TANH_SMALL, TANH_CLAMP = 0.625, 10.0
+TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
+             -3.33332819422e-1)
 
 
 def exp_f32(x, lanes: int = 1):
@@ -54,25 +66,55 @@ def exp_f32(x, lanes: int = 1):
     return tirx.Select(bits > c(0x7F800000, "int32"), x, out)
 
 
-def _lower_exp(op):
+def tanh_f32(x, lanes: int = 1):
+    """``tanh(x)`` for a float32 expression (``lanes`` wide), as vectorisable TIR arithmetic
+    (see the module docstring)."""
     from tvm import tirx
 
-    x = op.args[0]
-    dtype = str(op.ty.dtype)
-    base, _, lanes = dtype.partition("x")
-    n = int(lanes) if lanes else 1
-    if base == "float32":
-        return exp_f32(x, n)
-    if base == "float16":  # computed in float32 (as LLVM would), rounded once
-        f32 = "float32" if n == 1 else f"float32x{n}"
-        return tirx.Cast(dtype, exp_f32(tirx.Cast(f32, x), n))
-    return op  # unchanged: the target-independent rule (libm) lowers it
+    sfx = "" if lanes == 1 else f"x{lanes}"
+    i32 = f"int32{sfx}"
+
+    def c(v, dt="float32"):
+        k = tirx.const(v, dt)
+        return k if lanes == 1 else tirx.Broadcast(k, lanes)
+
+    ax = tirx.min(tirx.abs(x), c(TANH_CLAMP))
+    big = c(1.0) - c(2.0) / (exp_f32(ax * c(2.0), lanes) + c(1.0))
+    big = tirx.Select(x < c(0.0), c(0.0) - big, big)
+    z = x * x
+    p = c(TANH_POLY[0])
+    for coef in TANH_POLY[1:]:
+        p = p * z + c(coef)
+    out = tirx.Select(ax < c(TANH_SMALL), x * (c(1.0) + z * p), big)  # -0 stays -0
+    bits = tirx.bitwise_and(tirx.reinterpret(i32, x), c(0x7FFFFFFF, "int32"))
+    return tirx.Select(bits > c(0x7F800000, "int32"), x, out)
+
+
+def _lowering(f32_fn):
+    """The intrinsic lowering of ``f32_fn`` (float32; float16 through float32, rounded once;
+    other types left to TVM's own rule)."""
+    def lower(op):
+        from tvm import tirx
+
+        x = op.args[0]
+        dtype = str(op.ty.dtype)
+        base, _, lanes = dtype.partition("x")
+        n = int(lanes) if lanes else 1
+        if base == "float32":
+            return f32_fn(x, n)
+        if base == "float16":  # computed in float32 (as LLVM would), rounded once
+            f32 = "float32" if n == 1 else f"float32x{n}"
+            return tirx.Cast(dtype, f32_fn(tirx.Cast(f32, x), n))
+        return op  # unchanged: the target-independent rule (libm) lowers it
+
+    return lower
 
 
 def register() -> None:
     from tvm.tirx.op import register_intrin_lowering
 
-    register_intrin_lowering("tirx.exp", target="llvm", f=_lower_exp, level=20)
+    register_intrin_lowering("tirx.exp", target="llvm", f=_lowering(exp_f32), level=20)
+    register_intrin_lowering("tirx.tanh", target="llvm", f=_lowering(tanh_f32), level=20)
 
 
 register()
