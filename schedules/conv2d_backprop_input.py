@@ -18,7 +18,9 @@ reduction runs in Cout chunks whose panel fits (:func:`chunk_blocks`): a task ta
 :func:`task_rows` rows of an image and runs all their tiles over one chunk before the next,
 the tiles' partial sums in the task's ``local`` block between chunks, and the weight stage
 is laid out as one contiguous panel per chunk (:func:`weight_panels`). The sizes come from
-the target's L1d, L2 and cores.
+the target's L1d, L2 and cores. Where such tasks can take every C1x block of their rows and
+still share out over the cores, they do, and each pads its own rows of dy in cache
+(:func:`pad_in_task`) instead of reading them from a padded copy of the whole of dy.
 
 On a target with AMX a bfloat16 or int8 dot-product phase runs as tile products instead
 (:func:`amx_tiles`, :mod:`schedules.amx`): Wq positions are a tile's rows, 16 dx lanes its
