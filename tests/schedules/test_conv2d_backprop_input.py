@@ -203,3 +203,19 @@ def test_dx_that_pads_in_each_task_matches_the_reference(c):
         assert not nan or np.isnan(ref).any() and not np.isnan(ref).all()
         finite = ~np.isnan(ref)
         assert_close(out[finite], ref[finite], "float32", f"{case_id(c)} {dtype} {nan}")
+
+
+@pytest.mark.parametrize("base", ["x86-avx2", "x86-64"])
+def test_dx_that_pads_in_each_task_on_narrower_vectors(base):
+    """The same tasks and pad on 8- and 4-lane targets (each C0 block two or four vectors),
+    which this machine runs too."""
+    c = IN_TASK_PAD[0][0]
+    tgt = replace(targets.get(base), name=f"{base}-l1d4-c2", l1d_kib=4, cores=2)
+    targets.register(tgt)
+    sch, _ = _dx_schedule(c, tgt)
+    assert "dy padded in each task" in str(dsl.explain(sch))
+    dy, w = dx_data(c, "float32")
+    kernel = dx_kernel(c, "float32", "float32", tgt)
+    out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
+    ref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"], c["dil"], 1)
+    assert_close(out, ref, "float32", base)
