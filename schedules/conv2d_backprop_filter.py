@@ -34,19 +34,19 @@ from schedules.toolbox import (
     BALANCE_MIN,
     C0,
     PARALLEL_MIN_ELEMS,
-    TASK_REPEAT_LIMIT,
     balance,
     c0_vectors,
     divisors,
     elementwise_c0,
     extent,
     extents,
+    in_task_repeat,
     largest_divisor,
     parallel_outer,
     register_tile,
     sharing_choice,
+    sole_reader,
     split_loops,
-    task_repeat,
     tile_factor,
     vector_registers,
     vectorize_split,
@@ -417,14 +417,12 @@ def _x_pad_in_task(sch, workload) -> bool:
     import tvm
 
     pad = workload.find(sch, tag.DW_X_PAD)
-    readers = sch.get_consumers(pad) if pad is not None else []
-    if len(readers) != 1:
+    reader = sole_reader(sch, pad) if pad is not None else None
+    if reader is None:
         return False
-    task = sch.get_loops(readers[0])[0]
-    if sch.get(task).kind != tvm.tirx.ForKind.PARALLEL:
-        return False
-    repeat = task_repeat(sch, pad, readers[0])
-    if repeat is None or repeat > TASK_REPEAT_LIMIT:
+    task = sch.get_loops(reader)[0]
+    if sch.get(task).kind != tvm.tirx.ForKind.PARALLEL or in_task_repeat(
+            sch, pad, reader) is None:
         return False
     sch.compute_at(pad, task, preserve_unit_loops=True)
     _, lanes = c0_vectors(workload.target)

@@ -202,8 +202,7 @@ def pad_in_task(sch, workload, block, kc: int):
     beside them). Returns ``(register_tile's result, kc)``, or None (nothing done)."""
     target = workload.target
     pad = workload.find(sch, tag.DX_DY_PAD)
-    if pad is None or [sch.get(c).name_hint for c in sch.get_consumers(pad)] != [
-            sch.get(block).name_hint]:
+    if pad is None:
         return None
     cx1_t, tw = tile_shape(sch, block, target)
     kc = phase_chunk(sch, block, target, cx1_t, kc)
@@ -212,9 +211,9 @@ def pad_in_task(sch, workload, block, kc: int):
     rows = task_rows(n, hq, c1x * wq * C0 * 4, target)
     if not kc or tb.task_share(n * hq // rows, target.cores) < tb.BALANCE_MIN:
         return None
-    repeat = tb.task_repeat(sch, pad, block, lambda trial, acc: chunk_tiles(
+    repeat = tb.in_task_repeat(sch, pad, block, lambda trial, acc: chunk_tiles(
         trial, acc, target, cx1_t, tw, kc, every_block=True))
-    if repeat is None or repeat > tb.TASK_REPEAT_LIMIT:
+    if repeat is None:
         return None
     tiled = chunk_tiles(sch, block, target, cx1_t, tw, kc, every_block=True)
     sch.compute_at(pad, sch.get_loops(block)[0], preserve_unit_loops=True)

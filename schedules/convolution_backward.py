@@ -62,13 +62,13 @@ from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
-    TASK_REPEAT_LIMIT,
     accumulator_registers,
     divisors,
     elementwise,
     extent,
     extents,
     from_zero,
+    in_task_repeat,
     largest_divisor,
     lead_loops,
     parallel,
@@ -77,7 +77,6 @@ from schedules.toolbox import (
     sharing_choice,
     spatial_count,
     split_last_tile,
-    task_repeat,
     transpose_blocks,
     transpose_tile,
     transpose_tiles,
@@ -536,8 +535,7 @@ def _in_task_tile(sch, workload, block, vec: int, row: int, tile: Tile) -> Tile 
     two tasks pack the same rows but for the taps' halo) and as many row tiles as keep its
     accumulators within 1/8 of L2, fewer until the tasks share out over the cores."""
     pack = workload.find(sch, tag.CB_Y_PACK)
-    if pack is None or [sch.get(c).name_hint for c in sch.get_consumers(pack)] != [
-            sch.get(block).name_hint]:
+    if pack is None:
         return None
     tgt = workload.target
     ext = [extent(sch, lp) for lp in sch.get_loops(block)]
@@ -550,9 +548,9 @@ def _in_task_tile(sch, workload, block, vec: int, row: int, tile: Tile) -> Tile 
     rows = [d for d in sorted(divisors(tiles), reverse=True) if d <= max(1, most)]
     mb, _ = sharing_choice(rows, lambda m: tiles // m * others, tgt.cores)
     whole = Tile(tile.vf, tile.rf, mb, ext[vec] // tile.vf, tile.kc, 0, tile.kc2, tile.flat)
-    repeat = task_repeat(sch, pack, block, lambda trial, acc: tile_acc(
+    repeat = in_task_repeat(sch, pack, block, lambda trial, acc: tile_acc(
         trial, acc, vec, row, tgt, True, whole))
-    return whole if repeat is not None and repeat <= TASK_REPEAT_LIMIT else None
+    return whole if repeat is not None else None
 
 
 def pack_in_task(sch, workload, block) -> None:

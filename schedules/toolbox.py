@@ -348,6 +348,23 @@ def task_repeat(sch, stage, reader, prepare=None) -> float | None:
     return math.prod(int(e) for e in sizes) * extent(trial, task) / whole
 
 
+def sole_reader(sch, stage):
+    """The one block that reads ``stage``, or None (none, or several)."""
+    readers = sch.get_consumers(stage)
+    return readers[0] if len(readers) == 1 else None
+
+
+def in_task_repeat(sch, stage, reader, prepare=None) -> float | None:
+    """:func:`task_repeat` where ``stage`` may move into the tasks of ``reader``: ``reader``
+    is its only reader and the tasks' parts repeat the whole at most
+    :data:`TASK_REPEAT_LIMIT` times; else None."""
+    only = sole_reader(sch, stage)
+    if only is None or sch.get(only).name_hint != sch.get(reader).name_hint:
+        return None
+    repeat = task_repeat(sch, stage, reader, prepare)
+    return repeat if repeat is not None and repeat <= TASK_REPEAT_LIMIT else None
+
+
 # Reduction steps per iteration of an innermost reduction loop (unrolled), where that loop has
 # at least UNROLL_MIN_STEPS of them: a register tile's FMAs of one step sat beside the loop's
 # increment, compare and branch (and a 28-step loop of DeconvGradFilter exited every 336

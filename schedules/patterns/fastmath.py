@@ -34,24 +34,46 @@ TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.333144220
              -3.33332819422e-1)
 
 
-def exp_f32(x, lanes: int = 1):
-    """``e^x`` for a float32 expression (``lanes`` wide), as vectorisable TIR arithmetic."""
+def _consts(lanes: int):
+    """``(c, f32, i32)``: a constant maker broadcasting to ``lanes`` and the float32 / int32
+    types of that width."""
     from tvm import tirx
 
     sfx = "" if lanes == 1 else f"x{lanes}"
-    f32, i32 = f"float32{sfx}", f"int32{sfx}"
 
     def c(v, dt="float32"):
         k = tirx.const(v, dt)
         return k if lanes == 1 else tirx.Broadcast(k, lanes)
 
+    return c, f"float32{sfx}", f"int32{sfx}"
+
+
+def _horner(coefs, x, c):
+    """``coefs[0] x^(n-1) + ... + coefs[-1]``."""
+    p = c(coefs[0])
+    for coef in coefs[1:]:
+        p = p * x + c(coef)
+    return p
+
+
+def _nan_through(x, out, c, i32):
+    """``out``, but NaN where ``x`` is NaN (tested on the bits: TVM's LLVM code assumes no
+    NaN in float compares)."""
+    from tvm import tirx
+
+    bits = tirx.bitwise_and(tirx.reinterpret(i32, x), c(0x7FFFFFFF, "int32"))
+    return tirx.Select(bits > c(0x7F800000, "int32"), x, out)
+
+
+def exp_f32(x, lanes: int = 1):
+    """``e^x`` for a float32 expression (``lanes`` wide), as vectorisable TIR arithmetic."""
+    from tvm import tirx
+
+    c, f32, i32 = _consts(lanes)
     xc = tirx.max(tirx.min(x, c(EXP_MAX)), c(EXP_MIN))
     n = tirx.floor(xc * c(LOG2E) + c(0.5))
     r = xc - n * c(LN2_HI) - n * c(LN2_LO)
-    p = c(POLY[0])
-    for coef in POLY[1:]:
-        p = p * r + c(coef)
-    y = p * r * r + r + c(1.0)
+    y = _horner(POLY, r, c) * r * r + r + c(1.0)
     ni = tirx.Cast(i32, n)
     n1 = tirx.shift_right(ni, c(1, "int32"))
     n2 = ni - n1
@@ -60,10 +82,7 @@ def exp_f32(x, lanes: int = 1):
         return tirx.reinterpret(f32, tirx.shift_left(k + c(127, "int32"), c(23, "int32")))
 
     out = y * pow2(n1) * pow2(n2)
-    out = tirx.Select(x > c(EXP_MAX), c(float("inf")), out)
-    # NaN in, NaN out; tested on the bits: TVM's LLVM code assumes no NaN in float compares
-    bits = tirx.bitwise_and(tirx.reinterpret(i32, x), c(0x7FFFFFFF, "int32"))
-    return tirx.Select(bits > c(0x7F800000, "int32"), x, out)
+    return _nan_through(x, tirx.Select(x > c(EXP_MAX), c(float("inf")), out), c, i32)
 
 
 def tanh_f32(x, lanes: int = 1):
@@ -71,23 +90,13 @@ def tanh_f32(x, lanes: int = 1):
     (see the module docstring)."""
     from tvm import tirx
 
-    sfx = "" if lanes == 1 else f"x{lanes}"
-    i32 = f"int32{sfx}"
-
-    def c(v, dt="float32"):
-        k = tirx.const(v, dt)
-        return k if lanes == 1 else tirx.Broadcast(k, lanes)
-
+    c, _, i32 = _consts(lanes)
     ax = tirx.min(tirx.abs(x), c(TANH_CLAMP))
     big = c(1.0) - c(2.0) / (exp_f32(ax * c(2.0), lanes) + c(1.0))
     big = tirx.Select(x < c(0.0), c(0.0) - big, big)
     z = x * x
-    p = c(TANH_POLY[0])
-    for coef in TANH_POLY[1:]:
-        p = p * z + c(coef)
-    out = tirx.Select(ax < c(TANH_SMALL), x * (c(1.0) + z * p), big)  # -0 stays -0
-    bits = tirx.bitwise_and(tirx.reinterpret(i32, x), c(0x7FFFFFFF, "int32"))
-    return tirx.Select(bits > c(0x7F800000, "int32"), x, out)
+    small = x * (c(1.0) + z * _horner(TANH_POLY, z, c))  # -0 stays -0
+    return _nan_through(x, tirx.Select(ax < c(TANH_SMALL), small, big), c, i32)
 
 
 def _lowering(f32_fn):
