@@ -108,8 +108,14 @@ def tile_shape(sch, block, target) -> tuple[int, int]:
         cx1_t = 2 if c1x % 2 == 0 and fits(2, 4) else 1
     limit = max(t for t in range(1, regs) if t == 1 or fits(cx1_t, t))
     if per_lane:
-        return cx1_t, tb.tile_factor(wq, limit)
-    return cx1_t, tb.chain_tile(wq, limit, cx1_t * n_vec, target.fma_chains())
+        tw = tb.tile_factor(wq, limit)
+    else:
+        tw = tb.chain_tile(wq, limit, cx1_t * n_vec, target.fma_chains())
+    if wq % tw and dot_intrinsic(sch, block, target) is not None:
+        # a ragged last tile runs under a predicate, and TVM cannot tensorize a predicated
+        # dot-product step (a VNNI host without AMX, Wq 13: the build failed)
+        tw = tb.largest_divisor(wq, limit)
+    return cx1_t, tw
 
 
 def chunk_blocks(co1: int, taps: int, dtype_bytes: int, cx1_t: int, target,
