@@ -143,8 +143,10 @@ def lower(sch: Schedule, name: str, tensor_list):
 
     from dsl.runtime.run_if import wire_fallbacks
     from schedules.amx import lower_tiles
+    from schedules.zero_taps import skip_zero_taps
 
     func = lower_tiles(element_aligned_args(wire_fallbacks(sch.s_tir(tensor_list).mod["main"])))
+    func = skip_zero_taps(func)
     return tvm.IRModule({name: func.with_attr("global_symbol", name)})
 
 

@@ -1,0 +1,294 @@
+"""Skipping the taps that only multiply zero padding, in any scheduled reduction.
+
+A convolution's register-tiled reduction reads a zero-padded copy of its operand (``y_pack``,
+the padded dy of a dx, a user's ``te.compute`` pad) so that its inner loops need no bounds
+test. At the border, whole taps then multiply nothing but padding: a 3-D dx of 16 x 28 x 28
+with 3 x 3 x 3 taps spends 6.5% of its FMAs on zeros (the first and last planes and rows lose a
+third of their taps), a 28 x 28 2-D dx 4.7%. oneDNN skips them; so does this pass, without
+touching the inner loops: where the padded index of such a read depends only on loops outside
+the register tile (a tap loop and the task's row or plane), the body of the innermost of those
+loops runs under ``if lo <= index < hi``, one test per tap, not one per step.
+
+It runs on every kernel after scheduling (:func:`dsl.runtime.build.lower`), found by what the
+graph is, not by which operator made it:
+
+* a *padded stage* is a block that stores ``if_then_else(cond, value, 0)`` at its own iteration
+  point, ``cond`` a conjunction of which some terms bound one axis by constants
+  (``1 <= i and i < 17``): outside those bounds the stage holds exact zeros;
+* a *zero guard* of a decomposed reduction block ``C[...] = C[...] + a * b * ...`` (no init
+  inside it, which a skipped first step would lose) is a condition that, when false, makes a
+  factor zero: the bounds of a padded stage the factor reads (through casts), or a term of
+  ``cond`` where the factor is ``if_then_else(cond, v, 0)`` written inline (a user's padded
+  read, an exact twin's bounds test);
+* each guard is tested on the innermost loop whose variable it uses, when that loop is serial
+  and nothing but the reduction block lies below it (a 3-D dx: its plane and row taps; the
+  taps along the register tile's row stay untested).
+
+A skipped step adds ``0 * w``, which is ``+-0`` for a finite ``w``: the sums are bit for bit the
+same. For a NaN or infinite ``w`` the product is NaN where the math has no product at all (the
+tap falls in the padding), so skipping is what the convolution means; the dx operators' exact
+twins (:mod:`dsl.runtime.run_if`) already give that answer when a weight is not finite.
+"""
+
+from __future__ import annotations
+
+from schedules.rewrite import rebuild
+
+_BINARY = ("Add", "Sub", "Mul", "FloorDiv", "FloorMod", "Div", "Mod", "Min", "Max", "LT", "LE",
+           "GT", "GE", "EQ", "NE", "And", "Or")
+
+
+def skip_zero_taps(func):
+    """``func`` with the reduction steps its zero guards rule out skipped a tap at a time (see
+    the module docstring); ``func`` itself where nothing applies."""
+    import tvm
+
+    tests: dict = {}
+    _find_tests(func.body, [], _padded_stages(func.body), tests)
+    if not tests:
+        return func
+
+    def wrap(loop):
+        conds = tests.get(loop.loop_var)
+        if conds is None:
+            return None
+        body = rebuild(loop.body, lambda b: None, wrap)
+        cond = conds[0]
+        for c in conds[1:]:
+            cond = tvm.tirx.And(cond, c)
+        return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                            tvm.tirx.IfThenElse(cond, body, None), loop.thread_binding,
+                            loop.annotations, loop.step)
+
+    return func.with_body(rebuild(func.body, lambda b: None, wrap))
+
+
+def _realizes(stmt) -> list:
+    """Every SBlockRealize under ``stmt`` (the root's included)."""
+    import tvm
+
+    out: list = []
+
+    def walk(s):
+        if isinstance(s, tvm.s_tir.SBlockRealize):
+            out.append(s)
+            walk(s.block.body)
+        elif isinstance(s, tvm.tirx.SeqStmt):
+            for x in s.seq:
+                walk(x)
+        elif isinstance(s, tvm.tirx.For):
+            walk(s.body)
+        elif isinstance(s, tvm.tirx.IfThenElse):
+            walk(s.then_case)
+            if s.else_case is not None:
+                walk(s.else_case)
+    walk(stmt)
+    return out
+
+
+def _padded_stages(body) -> dict:
+    """``{buffer: {axis: (lo, hi)}}`` for each buffer every writer of which is a padded stage
+    with the same bounds (:func:`_pad_bounds`)."""
+    writers: dict = {}
+    for r in _realizes(body):
+        for w in r.block.writes:
+            writers.setdefault(w.source, []).append(r.block)
+    pads = {}
+    for buf, blocks in writers.items():
+        bounds = [_pad_bounds(b) for b in blocks]
+        if bounds[0] and all(b == bounds[0] for b in bounds[1:]):
+            pads[buf] = bounds[0]
+    return pads
+
+
+def _pad_bounds(block) -> dict:
+    """``{axis: (lo, hi)}`` for a padded stage ``P[i...] = if_then_else(cond, v, 0)`` stored at
+    its own iteration point: the constant bounds ``cond`` puts on each axis (outside them ``P``
+    is zero). ``{}`` for any other block."""
+    import tvm
+
+    body = block.body
+    if not isinstance(body, tvm.tirx.BufferStore) or block.init is not None:
+        return {}
+    value = body.value
+    if not _is_zero_guarded(value):
+        return {}
+    # axes stored at a plain iteration variable (a panel's ``c // 32, c % 32`` bound none)
+    axes = {idx: i for i, idx in enumerate(body.indices) if isinstance(idx, tvm.tirx.Var)}
+    bounds: dict = {}
+    for term in _conjuncts(value.args[0]):
+        hit = _axis_bound(term, axes)
+        if hit is not None:
+            axis, lo, hi = hit
+            old_lo, old_hi = bounds.get(axis, (None, None))
+            bounds[axis] = (_tighter(max, old_lo, lo), _tighter(min, old_hi, hi))
+    return bounds
+
+
+def _tighter(pick, old, new):
+    return new if old is None else old if new is None else pick(old, new)
+
+
+def _is_zero(expr) -> bool:
+    import tvm
+
+    return isinstance(expr, tvm.tirx.IntImm | tvm.tirx.FloatImm) and float(expr.value) == 0.0
+
+
+def _conjuncts(cond) -> list:
+    import tvm
+
+    if isinstance(cond, tvm.tirx.And):
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+def _axis_bound(term, axes: dict):
+    """``(axis, lo, hi)`` (one of them None) for ``c <= v``, ``v < c``, ``v >= c``, ``c > v``
+    ... with ``v`` an axis variable and ``c`` a constant; None otherwise."""
+    import tvm
+
+    kinds = {tvm.tirx.LE: (1, 0), tvm.tirx.LT: (1, 1), tvm.tirx.GE: (-1, 0),
+             tvm.tirx.GT: (-1, 1)}
+    kind = kinds.get(type(term))
+    if kind is None:
+        return None
+    sign, strict = kind
+    a, b = term.a, term.b
+    for var, const, var_small in ((b, a, False), (a, b, True)):
+        if isinstance(var, tvm.tirx.Var) and var in axes and isinstance(const, tvm.tirx.IntImm):
+            c = int(const.value)
+            # (var_small and a < b) or (not var_small and b > a): an upper bound on var
+            upper = var_small == (sign == 1)
+            if upper:
+                return axes[var], None, c if strict else c + 1
+            return axes[var], (c + 1 if strict else c), None
+    return None
+
+
+def _find_tests(stmt, loops: list, pads: dict, tests: dict) -> None:
+    """Walk ``stmt`` with its enclosing loops; for each reduction block over a padded stage,
+    add its tests to ``tests`` (loop var -> conditions)."""
+    import tvm
+
+    if isinstance(stmt, tvm.s_tir.SBlockRealize):
+        _block_tests(stmt, loops, pads, tests)
+        _find_tests(stmt.block.body, loops, pads, tests)
+    elif isinstance(stmt, tvm.tirx.SeqStmt):
+        for s in stmt.seq:
+            _find_tests(s, loops, pads, tests)
+    elif isinstance(stmt, tvm.tirx.For):
+        _find_tests(stmt.body, [*loops, stmt], pads, tests)
+    elif isinstance(stmt, tvm.tirx.IfThenElse):
+        _find_tests(stmt.then_case, loops, pads, tests)
+        if stmt.else_case is not None:
+            _find_tests(stmt.else_case, loops, pads, tests)
+
+
+def _block_tests(realize, loops: list, pads: dict, tests: dict) -> None:
+    """The tests one reduction block's zero guards allow (see :func:`_find_tests`)."""
+    block = realize.block
+    binding = {iv.var: v for iv, v in zip(block.iter_vars, realize.iter_values)}
+    for guard in _zero_guards(block, pads):
+        term = _subst(guard, binding)
+        if term is None:
+            continue
+        home = _home_loop(term, loops)
+        if home is not None and _only_block_below(home, block):
+            tests.setdefault(home.loop_var, []).append(term)
+
+
+def _zero_guards(block, pads: dict) -> list:
+    """Conditions (in the block's variables) each of which, when false, makes the block's
+    update term zero: the block is ``C[i] = C[i] + f1 * f2 * ...`` with no init, and a factor
+    is a read of a padded stage (its index within the stage's bounds) or an inline
+    ``if_then_else(cond, v, 0)`` (each term of ``cond``); [] for any other block."""
+    import tvm
+
+    guards = []
+    for f in _update_factors(block):
+        if isinstance(f, tvm.ir.TensorLoad) and f.source in pads:
+            for axis, (lo, hi) in pads[f.source].items():
+                index = f.indices[axis]
+                dtype = str(index.ty)
+                if lo is not None:
+                    guards.append(tvm.tirx.LE(tvm.tirx.const(lo, dtype), index))
+                if hi is not None:
+                    guards.append(tvm.tirx.LT(index, tvm.tirx.const(hi, dtype)))
+        elif _is_zero_guarded(f):
+            guards.extend(_conjuncts(f.args[0]))
+    return guards
+
+
+def _is_zero_guarded(expr) -> bool:
+    import tvm
+
+    return (isinstance(expr, tvm.ir.expr.Call) and expr.op.name.endswith("if_then_else")
+            and _is_zero(expr.args[2]))
+
+
+def _update_factors(block) -> list:
+    """The factors of the block's update term when it is ``C[i] = C[i] + f1 * f2 * ...``
+    with no init (casts looked through); [] otherwise."""
+    import tvm
+
+    body = block.body
+    if block.init is not None or not isinstance(body, tvm.tirx.BufferStore):
+        return []
+    value = body.value
+    if not isinstance(value, tvm.tirx.Add):
+        return []
+    for acc, term in ((value.a, value.b), (value.b, value.a)):
+        if isinstance(acc, tvm.ir.TensorLoad) and acc.source.same_as(body.buffer):
+            return _factors(term)
+    return []
+
+
+def _factors(expr) -> list:
+    import tvm
+
+    while isinstance(expr, tvm.tirx.Cast):
+        expr = expr.value
+    if isinstance(expr, tvm.tirx.Mul):
+        return _factors(expr.a) + _factors(expr.b)
+    return [expr]
+
+
+def _subst(expr, binding: dict):
+    """``expr`` with block variables replaced by their bound values; None for a node kind an
+    index expression of a padded read does not use."""
+    import tvm
+
+    if isinstance(expr, tvm.tirx.Var):
+        return binding.get(expr, expr)
+    if isinstance(expr, tvm.tirx.IntImm):
+        return expr
+    if isinstance(expr, tvm.tirx.Cast):
+        inner = _subst(expr.value, binding)
+        return None if inner is None else tvm.tirx.Cast(expr.dtype, inner)
+    name = type(expr).__name__
+    if name in _BINARY:
+        a, b = _subst(expr.a, binding), _subst(expr.b, binding)
+        return None if a is None or b is None else type(expr)(a, b)
+    return None
+
+
+def _home_loop(index, loops: list):
+    """The innermost of ``loops`` whose variable ``index`` uses, if it is a serial loop
+    (a test in an unrolled or vectorised loop would split the register tile); else None."""
+    import tvm
+    import tvm_ffi
+
+    used: list = []
+    tvm_ffi.structural_walk(index, (tvm.tirx.Var, used.append), order="post")
+    inner = [lp for lp in loops if any(v.same_as(lp.loop_var) for v in used)]
+    if not inner or inner[-1].kind != tvm.tirx.ForKind.SERIAL:
+        return None
+    return inner[-1]
+
+
+def _only_block_below(loop, block) -> bool:
+    """Whether ``block`` is the one block under ``loop`` (skipping the loop's body then skips
+    nothing but its steps)."""
+    below = _realizes(loop.body)
+    return len(below) == 1 and below[0].block.same_as(block)

@@ -1,0 +1,213 @@
+"""schedules.zero_taps: the tap loops of a reduction over a zero-padded stage run under a
+bounds test, the results are bit for bit those of the unskipped kernel and match the math,
+and every shape the pass must not touch is left alone."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import te
+
+from schedules.zero_taps import skip_zero_taps
+
+
+def _conv1d(n, c, k, pad, pad_value=0.0, term="mul"):
+    """y[i, o] = sum_{j, ci} xp[i + j, ci] * w[j, ci, o], xp = x zero-padded by ``pad``
+    (``pad_value`` outside; ``term="add"``: xp + w, not a product)."""
+    x = te.placeholder((n, c), name="x")
+    w = te.placeholder((k, c, 4), name="w")
+    xp = te.compute(
+        (n + 2 * pad, c),
+        lambda i, ci: te.if_then_else(tvm.tirx.all(i >= pad, i < n + pad), x[i - pad, ci],
+                                      tvm.tirx.const(pad_value, "float32")),
+        name="xp", tag="pad")
+    j = te.reduce_axis((0, k), name="j")
+    ci = te.reduce_axis((0, c), name="ci")
+    n_out = n + 2 * pad - k + 1
+    op = (lambda a, b: a * b) if term == "mul" else (lambda a, b: a + b)
+    y = te.compute((n_out, 4), lambda i, o: te.sum(op(xp[i + j, ci], w[j, ci, o]),
+                                                    axis=[j, ci]), name="y", tag="conv")
+    return x, w, y
+
+
+def _scheduled(x, w, y, decompose=True):
+    """The reduction with its tap loop ``j`` outside the channel loop, init split off above
+    it (``decompose``)."""
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, w, y]))
+    blk = sch.get_sblock("y")
+    i, o, j, ci = sch.get_loops(blk)
+    sch.reorder(i, j, ci, o)
+    if decompose:
+        sch.decompose_reduction(blk, j)
+    return sch.mod["main"]
+
+
+def _ifs(func) -> list:
+    found: list = []
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.IfThenElse, found.append), order="pre")
+    return found
+
+
+def _run(func, x, w, out_shape):
+    lib = tvm.compile(tvm.IRModule({"main": func}), target="llvm")
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in (x, w)]
+    out = tvm.runtime.tensor(np.zeros(out_shape, "float32"), dev)
+    lib["main"](*args, out)
+    return out.numpy()
+
+
+def _reference(x, w, pad):
+    """float64, the padded positions left out of the sum (the math)."""
+    n, c = x.shape
+    k = w.shape[0]
+    n_out = n + 2 * pad - k + 1
+    y = np.zeros((n_out, w.shape[2]))
+    for i in range(n_out):
+        for j in range(k):
+            src = i + j - pad
+            if 0 <= src < n:
+                y[i] += x[src].astype(np.float64) @ w[j].astype(np.float64)
+    return y
+
+
+@pytest.mark.parametrize("n,c,k,pad", [(7, 3, 3, 1), (13, 5, 5, 2), (4, 16, 7, 3), (1, 2, 3, 1)])
+def test_taps_skipped_and_results_identical(n, c, k, pad):
+    x, w, y = _conv1d(n, c, k, pad)
+    func = _scheduled(x, w, y)
+    skipped = skip_zero_taps(func)
+    assert len(_ifs(skipped)) == len(_ifs(func)) + 1  # one test, on the tap loop
+    test = _ifs(skipped)[-1]
+    assert "j" in str(test.condition) and str(n + pad) in str(test.condition)
+    rng = np.random.default_rng(n * 100 + k)
+    xa = rng.standard_normal((n, c)).astype("float32")
+    wa = rng.standard_normal((k, c, 4)).astype("float32")
+    out_shape = (n + 2 * pad - k + 1, 4)
+    fast, plain = _run(skipped, xa, wa, out_shape), _run(func, xa, wa, out_shape)
+    np.testing.assert_array_equal(fast, plain)
+    np.testing.assert_allclose(fast, _reference(xa, wa, pad), rtol=1e-5, atol=1e-5)
+
+
+def test_infinite_weight_on_a_padding_tap_is_left_out():
+    """A tap that only meets padding contributes nothing, as in the math: an infinite weight
+    there no longer turns a border output into NaN (0 * inf)."""
+    n, c, k, pad = 6, 2, 3, 1
+    x, w, y = _conv1d(n, c, k, pad)
+    func = skip_zero_taps(_scheduled(x, w, y))
+    xa = np.ones((n, c), "float32")
+    wa = np.ones((k, c, 4), "float32")
+    wa[0] = np.inf  # tap 0 of output 0 reads padding only ...
+    out = _run(func, xa, wa, (n, 4))
+    np.testing.assert_array_equal(out[0], np.full(4, 2 * c, "float32"))
+    # ... but serves every other output from real data: those are inf
+    assert np.isinf(out[1:]).all()
+
+
+@pytest.mark.parametrize("case", ["pad_value_one", "sum_not_product", "init_inside"])
+def test_left_alone(case):
+    """A pad that is not zero, a term that is not a product, and a reduction whose init is
+    still inside its block (a skipped first step would lose it) get no test."""
+    if case == "pad_value_one":
+        x, w, y = _conv1d(9, 3, 3, 1, pad_value=1.0)
+        func = _scheduled(x, w, y)
+    elif case == "sum_not_product":
+        x, w, y = _conv1d(9, 3, 3, 1, term="add")
+        func = _scheduled(x, w, y)
+    else:
+        x, w, y = _conv1d(9, 3, 3, 1)
+        func = _scheduled(x, w, y, decompose=False)
+    assert skip_zero_taps(func).same_as(func)
+
+
+def test_no_test_inside_a_vectorised_loop():
+    """The padded index uses only the vectorised loop: testing it there would split the
+    vector, so the pass leaves it."""
+    x, w, y = _conv1d(16, 3, 1, 0)
+    xp_pad = te.compute((20, 3), lambda i, ci: te.if_then_else(
+        tvm.tirx.all(i >= 2, i < 18), x[i - 2, ci], tvm.tirx.const(0.0, "float32")), name="xq")
+    ci = te.reduce_axis((0, 3), name="ci")
+    z = te.compute((20, 4), lambda i, o: te.sum(xp_pad[i, ci] * w[0, ci, o], axis=[ci]),
+                   name="z")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, w, z]))
+    blk = sch.get_sblock("z")
+    i, o, r = sch.get_loops(blk)
+    sch.reorder(o, r, i)
+    sch.vectorize(i)  # before decompose_reduction, which s_tir requires
+    sch.decompose_reduction(blk, r)
+    func = sch.mod["main"]
+    assert skip_zero_taps(func).same_as(func)
+
+
+def _tested_blocks(outs, inputs) -> set:
+    """Names of the blocks under the tests the pass adds to the scheduled kernel."""
+    import dsl
+
+    sch = dsl.auto_schedule(outs)
+    func = sch.s_tir([*inputs, *outs]).mod["main"]
+    names: set = set()
+    for test in _ifs(skip_zero_taps(func)):
+        tvm_ffi.structural_walk(test.then_case, (tvm.s_tir.SBlock, lambda b: names.add(
+            b.name_hint)), order="pre")
+    return names - {b.name_hint for t in _ifs(func) for b in _blocks(t)}
+
+
+def _blocks(stmt) -> list:
+    found: list = []
+    tvm_ffi.structural_walk(stmt, (tvm.s_tir.SBlock, found.append), order="pre")
+    return found
+
+
+@pytest.mark.parametrize("nd,mask", [(3, "dx"), (3, "dw"), (2, "dx"), (1, "dx")])
+def test_operators_padded_taps(nd, mask):
+    """convolution_backward's dx and dw read dy / x zero-padded: the fast register-tiled
+    reduction gets tests on its plane and row taps, except a 1-D dx, whose only padded axis is
+    the register tile's row (its exact twin, whose bounds test is inline, gets its taps tested
+    in every case). The operator tests check every result against the float64 reference."""
+    from dsl.ops.convolution_backward import convolution_backward
+
+    size = (5, 6, 7)[-nd:]
+    go = te.placeholder((2, 8, *size), name="grad_output")
+    x = te.placeholder((2, 6, *size), name="input")
+    w = te.placeholder((8, 6, *(3,) * nd), name="weight")
+    outs = [t for t in convolution_backward(go, x, w, None, [1] * nd, [1] * nd, [1] * nd, False,
+                                            [0] * nd, 1, [mask == "dx", mask == "dw", False])
+            if t is not None]
+    names = _tested_blocks(outs, [go, w] if mask == "dx" else [go, x])
+    fast = {n for n in names if "exact" not in n}
+    assert any("exact" in n for n in names)
+    assert fast == ({f"cb_{mask}_acc_update"} if nd > 1 else set())
+
+
+def test_user_conv_with_inline_padding(tmp_path):
+    """A user's direct convolution whose padded read is inline (``if_then_else`` inside the
+    sum): its row taps are tested too, and the result is the math."""
+    import dsl
+
+    n, c, h, wd, k, o = 2, 5, 7, 9, 3, 4
+    x = te.placeholder((n, c, h, wd), name="x")
+    w = te.placeholder((o, c, k, k), name="w")
+    rc = te.reduce_axis((0, c), name="rc")
+    rh = te.reduce_axis((0, k), name="rh")
+    rw = te.reduce_axis((0, k), name="rw")
+
+    def term(b, f, i, j):
+        ih, iw = i + rh - 1, j + rw - 1
+        inside = tvm.tirx.all(ih >= 0, ih < h, iw >= 0, iw < wd)
+        return te.if_then_else(inside, x[b, rc, ih, iw], tvm.tirx.const(0.0, "float32")) \
+            * w[f, rc, rh, rw]
+
+    y = te.compute((n, o, h, wd), lambda b, f, i, j: te.sum(term(b, f, i, j),
+                                                            axis=[rc, rh, rw]), name="y")
+    assert _tested_blocks([y], [x, w]) == {"y_update"}
+    rng = np.random.default_rng(3)
+    xa = rng.standard_normal((n, c, h, wd)).astype("float32")
+    wa = rng.standard_normal((o, c, k, k)).astype("float32")
+    dsl.build(dsl.auto_schedule([y]), {"name": "user_conv_inline_pad", "tensor_list": [x, w, y],
+                                       "kernel_meta_parent_dir": str(tmp_path)})
+    out = dsl.load("user_conv_inline_pad", str(tmp_path))(xa, wa)
+    xp = np.pad(xa.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = np.zeros((n, o, h, wd))
+    for i in range(k):
+        for j in range(k):
+            ref += np.einsum("bchw,fc->bfhw", xp[:, :, i:i + h, j:j + wd], wa[:, :, i, j])
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
