@@ -37,70 +37,41 @@ twins (:mod:`dsl.runtime.run_if`) already give that answer when a weight is not 
 
 from __future__ import annotations
 
-from schedules.rewrite import rebuild
+from schedules.loop_tests import (
+    conjuncts,
+    home_loop,
+    only_block_below,
+    realizes,
+    steps_below,
+    subst,
+    used_vars,
+    walk_blocks,
+    with_tests,
+)
 
 # Reduction steps one test must decide on at least, so that its branch costs nothing beside
 # them (a user's convolution tested every 3 steps, its register tile kept across the taps, ran
 # 0.74x as fast on one Zen 4 core).
 MIN_STEPS = 16
 
-_BINARY = ("Add", "Sub", "Mul", "FloorDiv", "FloorMod", "Div", "Mod", "Min", "Max", "LT", "LE",
-           "GT", "GE", "EQ", "NE", "And", "Or")
-
-
 def skip_zero_taps(func):
     """``func`` with the reduction steps its zero guards rule out skipped a tap at a time (see
     the module docstring); ``func`` itself where nothing applies."""
-    import tvm
 
     tests: dict = {}
-    _find_tests(func.body, [], _padded_stages(func.body), tests)
+    pads = _padded_stages(func.body)
+    walk_blocks(func.body, lambda realize, loops: _block_tests(realize, loops, pads, tests))
     if not tests:
         return func
 
-    def wrap(loop):
-        conds = tests.get(loop.loop_var)
-        if conds is None:
-            return None
-        body = rebuild(loop.body, lambda b: None, wrap)
-        cond = conds[0]
-        for c in conds[1:]:
-            cond = tvm.tirx.And(cond, c)
-        return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
-                            tvm.tirx.IfThenElse(cond, body, None), loop.thread_binding,
-                            loop.annotations, loop.step)
-
-    return func.with_body(rebuild(func.body, lambda b: None, wrap))
-
-
-def _realizes(stmt) -> list:
-    """Every SBlockRealize under ``stmt`` (the root's included)."""
-    import tvm
-
-    out: list = []
-
-    def walk(s):
-        if isinstance(s, tvm.s_tir.SBlockRealize):
-            out.append(s)
-            walk(s.block.body)
-        elif isinstance(s, tvm.tirx.SeqStmt):
-            for x in s.seq:
-                walk(x)
-        elif isinstance(s, tvm.tirx.For):
-            walk(s.body)
-        elif isinstance(s, tvm.tirx.IfThenElse):
-            walk(s.then_case)
-            if s.else_case is not None:
-                walk(s.else_case)
-    walk(stmt)
-    return out
+    return with_tests(func, tests)
 
 
 def _padded_stages(body) -> dict:
     """``{buffer: {axis: (lo, hi)}}`` for each buffer every writer of which is a padded stage
     with the same bounds (:func:`_pad_bounds`)."""
     writers: dict = {}
-    for r in _realizes(body):
+    for r in realizes(body):
         for w in r.block.writes:
             writers.setdefault(w.source, []).append(r.block)
     pads = {}
@@ -126,7 +97,7 @@ def _pad_bounds(block) -> dict:
     # axes stored at a plain iteration variable (a panel's ``c // 32, c % 32`` bound none)
     axes = {idx: i for i, idx in enumerate(body.indices) if isinstance(idx, tvm.tirx.Var)}
     bounds: dict = {}
-    for term in _conjuncts(value.args[0]):
+    for term in conjuncts(value.args[0]):
         hit = _axis_bound(term, axes)
         if hit is not None:
             axis, lo, hi = hit
@@ -143,14 +114,6 @@ def _is_zero(expr) -> bool:
     import tvm
 
     return isinstance(expr, tvm.tirx.IntImm | tvm.tirx.FloatImm) and float(expr.value) == 0.0
-
-
-def _conjuncts(cond) -> list:
-    import tvm
-
-    if isinstance(cond, tvm.tirx.And):
-        return _conjuncts(cond.a) + _conjuncts(cond.b)
-    return [cond]
 
 
 def _axis_bound(term, axes: dict):
@@ -176,27 +139,9 @@ def _axis_bound(term, axes: dict):
     return None
 
 
-def _find_tests(stmt, loops: list, pads: dict, tests: dict) -> None:
-    """Walk ``stmt`` with its enclosing loops; for each reduction block over a padded stage,
-    add its tests to ``tests`` (loop var -> conditions)."""
-    import tvm
-
-    if isinstance(stmt, tvm.s_tir.SBlockRealize):
-        _block_tests(stmt, loops, pads, tests)
-        _find_tests(stmt.block.body, loops, pads, tests)
-    elif isinstance(stmt, tvm.tirx.SeqStmt):
-        for s in stmt.seq:
-            _find_tests(s, loops, pads, tests)
-    elif isinstance(stmt, tvm.tirx.For):
-        _find_tests(stmt.body, [*loops, stmt], pads, tests)
-    elif isinstance(stmt, tvm.tirx.IfThenElse):
-        _find_tests(stmt.then_case, loops, pads, tests)
-        if stmt.else_case is not None:
-            _find_tests(stmt.else_case, loops, pads, tests)
-
-
 def _block_tests(realize, loops: list, pads: dict, tests: dict) -> None:
-    """The tests one reduction block's zero guards allow (see :func:`_find_tests`)."""
+    """Add to ``tests`` (loop variable -> conditions) the tests one reduction block's zero
+    guards allow."""
     block = realize.block
     binding = {iv.var: v for iv, v in zip(block.iter_vars, realize.iter_values)}
     guards = _zero_guards(block, pads)
@@ -204,13 +149,14 @@ def _block_tests(realize, loops: list, pads: dict, tests: dict) -> None:
         return
     tile = _tile_loop(block, binding, loops)
     for guard in guards:
-        term = _subst(guard, binding)
+        term = subst(guard, binding)
         if term is None:
             continue
-        home = _home_loop(term, loops)
-        if (home is not None and _only_block_below(home, block)
-                and loops.index(home) <= loops.index(tile)
-                and _steps_below(home) >= MIN_STEPS):
+        home = home_loop(term, loops)
+        if (home is not None and only_block_below(home, block)
+                and all(int(lp.extent) == 1 for lp in loops[loops.index(tile) + 1:
+                                                            loops.index(home) + 1])
+                and steps_below(home) >= MIN_STEPS):
             tests.setdefault(home.loop_var, []).append(term)
 
 
@@ -219,42 +165,20 @@ def _tile_loop(block, binding: dict, loops: list):
     when none does). Below it a register tile's accumulators stay in registers from step to
     step, which LLVM does only where every step stores them: under a test it loads and stores
     them around each tested body (a 5HD dx tested per tap row, 48 steps: 0.97-0.98x on one
-    Zen 4 core for 56 x 56, whose tests skip 1.2% of the steps). At or above it, the tile is
-    loaded and stored inside the tested body anyway."""
+    Zen 4 core for 56 x 56, whose tests skip 1.2% of the steps). At or above it, or below it
+    through loops of one iteration only, the tile is loaded and stored inside the tested body
+    anyway (a grouped 5HD dw, tested per row of taps so: 1.30-1.35x on one and two Zen 4
+    cores)."""
     import tvm
 
     used: list = []
     for i in block.body.indices:
-        index = _subst(i, binding)
+        index = subst(i, binding)
         if index is not None:
-            _vars(index, used)
+            used_vars(index, used)
     kinds = (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.PARALLEL)
     inner = [lp for lp in loops if lp.kind in kinds and any(v.same_as(lp.loop_var) for v in used)]
     return inner[-1] if inner else loops[0]
-
-
-def _steps_below(loop) -> int:
-    """Iterations of the serial loops under ``loop`` (the unrolled and vectorised register
-    tile counts as one step): the work one test decides on."""
-    import tvm
-
-    n = 1
-    s = loop.body
-    while True:
-        while isinstance(s, tvm.tirx.IfThenElse):
-            s = s.then_case
-        if not isinstance(s, tvm.tirx.For):
-            return n
-        if s.kind == tvm.tirx.ForKind.SERIAL:
-            n *= int(s.extent)
-        s = s.body
-
-
-def _vars(expr, out: list) -> None:
-    import tvm
-    import tvm_ffi
-
-    tvm_ffi.structural_walk(expr, (tvm.tirx.Var, out.append), order="post")
 
 
 def _zero_guards(block, pads: dict) -> list:
@@ -275,7 +199,7 @@ def _zero_guards(block, pads: dict) -> list:
                 if hi is not None:
                     guards.append(tvm.tirx.LT(index, tvm.tirx.const(hi, dtype)))
         elif _is_zero_guarded(f):
-            guards.extend(_conjuncts(f.args[0]))
+            guards.extend(conjuncts(f.args[0]))
     return guards
 
 
@@ -313,40 +237,3 @@ def _factors(expr) -> list:
     return [expr]
 
 
-def _subst(expr, binding: dict):
-    """``expr`` with block variables replaced by their bound values; None for a node kind an
-    index expression of a padded read does not use."""
-    import tvm
-
-    if isinstance(expr, tvm.tirx.Var):
-        return binding.get(expr, expr)
-    if isinstance(expr, tvm.tirx.IntImm):
-        return expr
-    if isinstance(expr, tvm.tirx.Cast):
-        inner = _subst(expr.value, binding)
-        return None if inner is None else tvm.tirx.Cast(expr.dtype, inner)
-    name = type(expr).__name__
-    if name in _BINARY:
-        a, b = _subst(expr.a, binding), _subst(expr.b, binding)
-        return None if a is None or b is None else type(expr)(a, b)
-    return None
-
-
-def _home_loop(index, loops: list):
-    """The innermost of ``loops`` whose variable ``index`` uses, if it is a serial loop
-    (a test in an unrolled or vectorised loop would split the register tile); else None."""
-    import tvm
-
-    used: list = []
-    _vars(index, used)
-    inner = [lp for lp in loops if any(v.same_as(lp.loop_var) for v in used)]
-    if not inner or inner[-1].kind != tvm.tirx.ForKind.SERIAL:
-        return None
-    return inner[-1]
-
-
-def _only_block_below(loop, block) -> bool:
-    """Whether ``block`` is the one block under ``loop`` (skipping the loop's body then skips
-    nothing but its steps)."""
-    below = _realizes(loop.body)
-    return len(below) == 1 and below[0].block.same_as(block)

@@ -215,3 +215,21 @@ def test_user_conv_with_inline_padding(tmp_path):
         for j in range(k):
             ref += np.einsum("bchw,fc->bfhw", xp[:, :, i:i + h, j:j + wd], wa[:, :, i, j])
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("unit", [True, False])
+def test_no_test_inside_the_register_tile_stretch(unit):
+    """With the output channels' loop (the accumulators' index) above the tap loop, the
+    accumulators would stay in registers across the taps: a test there is refused, unless the
+    loops below the channels' loop down to the test have one iteration each (then the tile is
+    loaded and stored around every tested body anyway)."""
+    k = 3
+    x, w, y = _conv1d(9, 16, k, 1)
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, w, y]))
+    blk = sch.get_sblock("y")
+    i, o, j, ci = sch.get_loops(blk)
+    jo, ji = sch.split(j, [k, 1] if unit else [1, k])
+    sch.reorder(i, jo, o, ji, ci)
+    sch.decompose_reduction(blk, jo)
+    func = sch.mod["main"]
+    assert skip_zero_taps(func).same_as(func) != unit
