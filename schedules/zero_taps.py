@@ -54,17 +54,14 @@ from schedules.loop_tests import (
 # 0.74x as fast on one Zen 4 core).
 MIN_STEPS = 16
 
+
 def skip_zero_taps(func):
     """``func`` with the reduction steps its zero guards rule out skipped a tap at a time (see
     the module docstring); ``func`` itself where nothing applies."""
-
     tests: dict = {}
     pads = _padded_stages(func.body)
     walk_blocks(func.body, lambda realize, loops: _block_tests(realize, loops, pads, tests))
-    if not tests:
-        return func
-
-    return with_tests(func, tests)
+    return with_tests(func, tests) if tests else func
 
 
 def _padded_stages(body) -> dict:
@@ -117,26 +114,24 @@ def _is_zero(expr) -> bool:
 
 
 def _axis_bound(term, axes: dict):
-    """``(axis, lo, hi)`` (one of them None) for ``c <= v``, ``v < c``, ``v >= c``, ``c > v``
-    ... with ``v`` an axis variable and ``c`` a constant; None otherwise."""
+    """``(axis, lo, hi)`` (one of ``lo``, ``hi`` None) for a term that compares an axis
+    variable with a constant (``1 <= i``, ``i < 17``, either side); None otherwise."""
     import tvm
 
-    kinds = {tvm.tirx.LE: (1, 0), tvm.tirx.LT: (1, 1), tvm.tirx.GE: (-1, 0),
-             tvm.tirx.GT: (-1, 1)}
-    kind = kinds.get(type(term))
-    if kind is None:
+    ops = {tvm.tirx.LE: "<=", tvm.tirx.LT: "<", tvm.tirx.GE: ">=", tvm.tirx.GT: ">"}
+    flipped = {"<=": ">=", "<": ">", ">=": "<=", ">": "<"}
+    op = ops.get(type(term))
+    if op is None:
         return None
-    sign, strict = kind
-    a, b = term.a, term.b
-    for var, const, var_small in ((b, a, False), (a, b, True)):
-        if isinstance(var, tvm.tirx.Var) and var in axes and isinstance(const, tvm.tirx.IntImm):
-            c = int(const.value)
-            # (var_small and a < b) or (not var_small and b > a): an upper bound on var
-            upper = var_small == (sign == 1)
-            if upper:
-                return axes[var], None, c if strict else c + 1
-            return axes[var], (c + 1 if strict else c), None
-    return None
+    var, const = term.a, term.b
+    if not isinstance(var, tvm.tirx.Var):  # ``c OP v``: read as ``v OP' c``
+        var, const, op = term.b, term.a, flipped[op]
+    if not (isinstance(var, tvm.tirx.Var) and var in axes
+            and isinstance(const, tvm.tirx.IntImm)):
+        return None
+    c = int(const.value)
+    lo, hi = {"<=": (None, c + 1), "<": (None, c), ">=": (c, None), ">": (c + 1, None)}[op]
+    return axes[var], lo, hi
 
 
 def _block_tests(realize, loops: list, pads: dict, tests: dict) -> None:
@@ -145,7 +140,7 @@ def _block_tests(realize, loops: list, pads: dict, tests: dict) -> None:
     block = realize.block
     binding = {iv.var: v for iv, v in zip(block.iter_vars, realize.iter_values)}
     guards = _zero_guards(block, pads)
-    if not guards:
+    if not guards or not loops:
         return
     tile = _tile_loop(block, binding, loops)
     for guard in guards:
@@ -163,12 +158,12 @@ def _block_tests(realize, loops: list, pads: dict, tests: dict) -> None:
 def _tile_loop(block, binding: dict, loops: list):
     """The innermost serial or parallel loop the accumulator's index uses (the outermost loop
     when none does). Below it a register tile's accumulators stay in registers from step to
-    step, which LLVM does only where every step stores them: under a test it loads and stores
-    them around each tested body (a 5HD dx tested per tap row, 48 steps: 0.97-0.98x on one
-    Zen 4 core for 56 x 56, whose tests skip 1.2% of the steps). At or above it, or below it
-    through loops of one iteration only, the tile is loaded and stored inside the tested body
-    anyway (a grouped 5HD dw, tested per row of taps so: 1.30-1.35x on one and two Zen 4
-    cores)."""
+    step, which LLVM keeps up only while every step's store is unconditional: under a test it
+    loads and stores them around each tested body (a 5HD dx tested per tap row, 48 steps:
+    0.97-0.98x on one Zen 4 core for 56 x 56, whose tests skip 1.2% of the steps). At or
+    above it, or below it through loops of one iteration only, the tile is loaded and stored
+    inside the tested body anyway (a grouped 5HD dw, tested per row of taps so: 1.30-1.35x on
+    one and two Zen 4 cores)."""
     import tvm
 
     used: list = []
