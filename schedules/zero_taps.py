@@ -25,9 +25,10 @@ graph is, not by which operator made it:
 * each guard is tested on the innermost loop whose variable it uses, when that loop is serial,
   nothing but the reduction block lies below it, it decides on at least :data:`MIN_STEPS`
   steps, and it is not inside the stretch where the register tile's accumulators stay in
-  registers (:func:`_tile_loop`). A 3-D dx gets its plane and row taps tested, a 3-D dw its
-  plane taps; a 2-D dx in 5HD and a user's direct convolution keep their tile across the
-  taps, so they are left as they are.
+  registers (:func:`_tile_loop`), unless the steps it skips there outweigh the tile's
+  reloads (:func:`_pays_inside`). A 3-D dx gets its plane and row taps tested, a 3-D dw its
+  plane taps, a 5HD dx of 14 x 14 its row taps; a 5HD dx of 56 x 56 and a user's direct
+  convolution keep their tile across the taps untested.
 
 A skipped step adds ``0 * w``, which is ``+-0`` for a finite ``w``: the sums are bit for bit the
 same. For a NaN or infinite ``w`` the product is NaN where the math has no product at all (the
@@ -143,16 +144,39 @@ def _block_tests(realize, loops: list, pads: dict, tests: dict) -> None:
     if not guards or not loops:
         return
     tile = _tile_loop(block, binding, loops)
+    homes: dict = {}  # loop -> the terms to test on it
     for guard in guards:
         term = subst(guard, binding)
         if term is None:
             continue
         home = home_loop(term, loops)
-        if (home is not None and only_block_below(home, block)
-                and all(int(lp.extent) == 1 for lp in loops[loops.index(tile) + 1:
-                                                            loops.index(home) + 1])
-                and steps_below(home) >= MIN_STEPS):
-            tests.setdefault(home.loop_var, []).append(term)
+        if home is not None and only_block_below(home, block) and steps_below(home) >= MIN_STEPS:
+            homes.setdefault(home, []).append(term)
+    for home, terms in homes.items():
+        inside = any(int(lp.extent) > 1
+                     for lp in loops[loops.index(tile) + 1:loops.index(home) + 1])
+        if not inside or _pays_inside(terms, loops, steps_below(home)):
+            tests.setdefault(home.loop_var, []).extend(terms)
+
+
+# A test inside the register tile's stretch costs a load and a store of every accumulator per
+# tested body, against one FMA per accumulator per step: about this many steps' worth.
+STRETCH_COST_STEPS = 2.0
+
+
+def _pays_inside(terms: list, loops: list, steps: int) -> bool:
+    """Whether a test of ``terms`` inside the register tile's stretch skips more steps than
+    the tile's reloads cost: the share of loop points where their conjunction is false (the
+    skipped bodies) times ``steps`` beats :data:`STRETCH_COST_STEPS` (a 5HD dx of 14 x 14, 4.8%
+    of its (row, tap) pairs in the padding, 48 steps a body: 1.02-1.04x; at 56 x 56, 1.2%:
+    0.97x)."""
+    import tvm
+
+    term = terms[0]
+    for t in terms[1:]:
+        term = tvm.tirx.And(term, t)
+    share = _false_share(term, loops)
+    return share is not None and share * steps >= STRETCH_COST_STEPS
 
 
 def _tile_loop(block, binding: dict, loops: list):
@@ -232,3 +256,55 @@ def _factors(expr) -> list:
     return [expr]
 
 
+
+
+# Loop points a test's false share is counted over at most (an int32 grid of the loops the
+# test uses; a convolution's tap and row loops make a few thousand).
+SHARE_POINTS = 1 << 20
+
+
+def _false_share(term, loops: list) -> float | None:
+    """The share of the points of the loops ``term`` uses at which it is false, counted on
+    the grid of their values; None when the grid is too large or the term has a node kind
+    :func:`_evaluate` does not know."""
+    import numpy as np
+
+    used: list = []
+    used_vars(term, used)
+    mine = [lp for lp in loops if any(v.same_as(lp.loop_var) for v in used)]
+    sizes = [int(lp.extent) for lp in mine]
+    if not mine or int(np.prod(sizes)) > SHARE_POINTS:
+        return None
+    grids = np.meshgrid(*(np.arange(int(lp.min), int(lp.min) + n) for lp, n in zip(mine, sizes)),
+                        indexing="ij")
+    values = {lp.loop_var: g for lp, g in zip(mine, grids)}
+    held = _evaluate(term, values)
+    return None if held is None else float(1.0 - np.mean(held))
+
+
+_NUMPY_OPS = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "FloorDiv": "floor_divide",
+              "FloorMod": "mod", "Min": "minimum", "Max": "maximum", "LT": "less",
+              "LE": "less_equal", "GT": "greater", "GE": "greater_equal", "EQ": "equal",
+              "NE": "not_equal", "And": "logical_and", "Or": "logical_or"}
+
+
+def _evaluate(expr, values: dict):
+    """``expr`` (integer index arithmetic and comparisons over loop variables) on numpy grids
+    of their values; None for anything else."""
+    import numpy as np
+    import tvm
+
+    if isinstance(expr, tvm.tirx.Var):
+        for var, grid in values.items():
+            if var.same_as(expr):
+                return grid
+        return None
+    if isinstance(expr, tvm.tirx.IntImm):
+        return int(expr.value)
+    op = _NUMPY_OPS.get(type(expr).__name__)
+    if op is None:
+        return None
+    a, b = _evaluate(expr.a, values), _evaluate(expr.b, values)
+    if a is None or b is None:
+        return None
+    return getattr(np, op)(a, b)

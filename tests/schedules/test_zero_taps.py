@@ -177,7 +177,10 @@ def test_operators_padded_taps(nd, mask, tested):
                                             [0] * nd, 1, [mask == "dx", mask == "dw", False])
             if t is not None]
     names = _tested_blocks(outs, [go, w] if mask == "dx" else [go, x])
-    assert names == ({f"cb_{mask}_acc_update"} if tested else set())
+    # (the exact twins, run only for a non-finite weight, may be tested too: their bodies
+    # are small against this layer's share of padding)
+    fast = {name for name in names if "exact" not in name}
+    assert fast == ({f"cb_{mask}_acc_update"} if tested else set())
 
 
 def test_user_conv_with_inline_padding(tmp_path):
@@ -217,14 +220,17 @@ def test_user_conv_with_inline_padding(tmp_path):
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("unit", [True, False])
-def test_no_test_inside_the_register_tile_stretch(unit):
+@pytest.mark.parametrize("n,k,pad,unit,tested", [
+    (9, 3, 1, True, True),     # one-iteration loops down to the test: the tile reloads anyway
+    (9, 3, 1, False, False),   # inside the stretch, 2 of 27 (row, tap) pairs skipped: refused
+    (2, 5, 2, False, True),    # inside, 6 of 10 pairs skipped: worth the tile's reloads
+])
+def test_tests_inside_the_register_tile_stretch(n, k, pad, unit, tested):
     """With the output channels' loop (the accumulators' index) above the tap loop, the
-    accumulators would stay in registers across the taps: a test there is refused, unless the
-    loops below the channels' loop down to the test have one iteration each (then the tile is
-    loaded and stored around every tested body anyway)."""
-    k = 3
-    x, w, y = _conv1d(9, 16, k, 1)
+    accumulators stay in registers across the taps, and a test there costs a load and store
+    of each per tested body: it is taken only through one-iteration loops or where the steps
+    it skips outweigh that; the results stay those of the unskipped kernel."""
+    x, w, y = _conv1d(n, 16, k, pad)
     sch = tvm.s_tir.Schedule(te.create_prim_func([x, w, y]))
     blk = sch.get_sblock("y")
     i, o, j, ci = sch.get_loops(blk)
@@ -232,4 +238,10 @@ def test_no_test_inside_the_register_tile_stretch(unit):
     sch.reorder(i, jo, o, ji, ci)
     sch.decompose_reduction(blk, jo)
     func = sch.mod["main"]
-    assert skip_zero_taps(func).same_as(func) != unit
+    skipped = skip_zero_taps(func)
+    assert (not skipped.same_as(func)) == tested
+    rng = np.random.default_rng(k)
+    xa = rng.standard_normal((n, 16)).astype("float32")
+    wa = rng.standard_normal((k, 16, 16)).astype("float32")
+    shape = (n + 2 * pad - k + 1, 16)
+    np.testing.assert_array_equal(_run(skipped, xa, wa, shape), _run(func, xa, wa, shape))
