@@ -52,24 +52,8 @@ def walk_blocks(stmt, visit, loops=None) -> None:
 
 def realizes(stmt) -> list:
     """Every SBlockRealize under ``stmt`` (the root's included)."""
-    import tvm
-
     out: list = []
-
-    def walk(s):
-        if isinstance(s, tvm.s_tir.SBlockRealize):
-            out.append(s)
-            walk(s.block.body)
-        elif isinstance(s, tvm.tirx.SeqStmt):
-            for x in s.seq:
-                walk(x)
-        elif isinstance(s, tvm.tirx.For):
-            walk(s.body)
-        elif isinstance(s, tvm.tirx.IfThenElse):
-            walk(s.then_case)
-            if s.else_case is not None:
-                walk(s.else_case)
-    walk(stmt)
+    walk_blocks(stmt, lambda realize, loops: out.append(realize))
     return out
 
 
@@ -109,14 +93,19 @@ def used_vars(expr, out: list) -> None:
     tvm_ffi.structural_walk(expr, (tvm.tirx.Var, out.append), order="post")
 
 
+def loops_using(expr, loops: list) -> list:
+    """Those of ``loops`` whose variable ``expr`` uses, in their order."""
+    used: list = []
+    used_vars(expr, used)
+    return [lp for lp in loops if any(v.same_as(lp.loop_var) for v in used)]
+
+
 def home_loop(index, loops: list):
     """The innermost of ``loops`` whose variable ``index`` uses, if it is a serial loop
     (a test in an unrolled or vectorised loop would split the register tile); else None."""
     import tvm
 
-    used: list = []
-    used_vars(index, used)
-    inner = [lp for lp in loops if any(v.same_as(lp.loop_var) for v in used)]
+    inner = loops_using(index, loops)
     if not inner or inner[-1].kind != tvm.tirx.ForKind.SERIAL:
         return None
     return inner[-1]

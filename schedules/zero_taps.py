@@ -41,11 +41,11 @@ from __future__ import annotations
 from schedules.loop_tests import (
     conjuncts,
     home_loop,
+    loops_using,
     only_block_below,
     realizes,
     steps_below,
     subst,
-    used_vars,
     walk_blocks,
     with_tests,
 )
@@ -54,6 +54,14 @@ from schedules.loop_tests import (
 # them (a user's convolution tested every 3 steps, its register tile kept across the taps, ran
 # 0.74x as fast on one Zen 4 core).
 MIN_STEPS = 16
+
+# A test inside the register tile's stretch costs a load and a store of every accumulator per
+# tested body, against one FMA per accumulator per step: about this many steps' worth.
+STRETCH_COST_STEPS = 2.0
+
+# Loop points a test's false share is counted over at most (an int32 grid of the loops the
+# test uses; a convolution's tap and row loops make a few thousand).
+SHARE_POINTS = 1 << 20
 
 
 def skip_zero_taps(func):
@@ -150,18 +158,14 @@ def _block_tests(realize, loops: list, pads: dict, tests: dict) -> None:
         if term is None:
             continue
         home = home_loop(term, loops)
-        if home is not None and only_block_below(home, block) and steps_below(home) >= MIN_STEPS:
+        if home is not None and only_block_below(home, block):
             homes.setdefault(home, []).append(term)
     for home, terms in homes.items():
+        steps = steps_below(home)
         inside = any(int(lp.extent) > 1
                      for lp in loops[loops.index(tile) + 1:loops.index(home) + 1])
-        if not inside or _pays_inside(terms, loops, steps_below(home)):
+        if steps >= MIN_STEPS and (not inside or _pays_inside(terms, loops, steps)):
             tests.setdefault(home.loop_var, []).extend(terms)
-
-
-# A test inside the register tile's stretch costs a load and a store of every accumulator per
-# tested body, against one FMA per accumulator per step: about this many steps' worth.
-STRETCH_COST_STEPS = 2.0
 
 
 def _pays_inside(terms: list, loops: list, steps: int) -> bool:
@@ -190,14 +194,10 @@ def _tile_loop(block, binding: dict, loops: list):
     one and two Zen 4 cores)."""
     import tvm
 
-    used: list = []
-    for i in block.body.indices:
-        index = subst(i, binding)
-        if index is not None:
-            used_vars(index, used)
+    indices = [i for i in (subst(i, binding) for i in block.body.indices) if i is not None]
     kinds = (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.PARALLEL)
-    inner = [lp for lp in loops if lp.kind in kinds and any(v.same_as(lp.loop_var) for v in used)]
-    return inner[-1] if inner else loops[0]
+    inner = [lp for i in indices for lp in loops_using(i, loops) if lp.kind in kinds]
+    return max(inner, key=loops.index) if inner else loops[0]
 
 
 def _zero_guards(block, pads: dict) -> list:
@@ -257,21 +257,13 @@ def _factors(expr) -> list:
 
 
 
-
-# Loop points a test's false share is counted over at most (an int32 grid of the loops the
-# test uses; a convolution's tap and row loops make a few thousand).
-SHARE_POINTS = 1 << 20
-
-
 def _false_share(term, loops: list) -> float | None:
     """The share of the points of the loops ``term`` uses at which it is false, counted on
     the grid of their values; None when the grid is too large or the term has a node kind
     :func:`_evaluate` does not know."""
     import numpy as np
 
-    used: list = []
-    used_vars(term, used)
-    mine = [lp for lp in loops if any(v.same_as(lp.loop_var) for v in used)]
+    mine = loops_using(term, loops)
     sizes = [int(lp.extent) for lp in mine]
     if not mine or int(np.prod(sizes)) > SHARE_POINTS:
         return None
@@ -295,10 +287,7 @@ def _evaluate(expr, values: dict):
     import tvm
 
     if isinstance(expr, tvm.tirx.Var):
-        for var, grid in values.items():
-            if var.same_as(expr):
-                return grid
-        return None
+        return values.get(expr)
     if isinstance(expr, tvm.tirx.IntImm):
         return int(expr.value)
     op = _NUMPY_OPS.get(type(expr).__name__)
