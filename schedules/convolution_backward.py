@@ -111,6 +111,10 @@ K_CHUNK = 256  # reduction steps per chunk at most (the S block's rows, see plan
 # The share of L1d one chunk's V panel (kc steps x vf lanes) may take: the rest holds the S rows
 # the row tiles broadcast from and the accumulators each tile loads and stores once per chunk.
 PANEL_L1_SHARE = 0.5
+# The share for a flat chunk (taps x channels as one loop, :attr:`Tile.flat`): its taps move the
+# S row by one position, so its S rows are one row's worth whatever its taps, and the panel may
+# take more of L1d.
+FLAT_PANEL_L1_SHARE = 0.75
 
 
 @dataclass(frozen=True)
@@ -154,7 +158,8 @@ def plan_tile(sch, block, vec: int, row: int, target, fuse_ok: bool, group: int 
     budget = max(1, accumulator_registers(target) // vectors)
     rf = _tile_rows(ext[row], budget, vectors, target, ragged, fuse_ok)
     tiles = ext[row] // rf  # full ones: a ragged last tile is a loop nest of its own
-    kc, kc2 = chunk_steps(ext[n_sp:], panel_steps(target, vf))
+    kc, kc2 = chunk_steps(ext[n_sp:], panel_steps(target, vf),
+                          panel_steps(target, vf, share=FLAT_PANEL_L1_SHARE) if flat else 0)
     l2 = target.l2_kib << 10
     # the S block (kc x mb*rf) and the accumulators (mb*rf x nb*vf) each take <= 1/8 of L2
     mb = largest_divisor(tiles, max(1, l2 // 8 // (4 * rf * kc * kc2)))
@@ -205,28 +210,32 @@ def _tile_rows(rows: int, budget: int, vectors: int, target, ragged: bool,
     return row_tile(rows, budget)
 
 
-def panel_steps(target, vf: int, elem_bytes: int = 4) -> int:
+def panel_steps(target, vf: int, elem_bytes: int = 4, share: float = PANEL_L1_SHARE) -> int:
     """Reduction steps per chunk: the most whose V panel (``vf`` lanes of ``elem_bytes`` each
     per step) fits :data:`PANEL_L1_SHARE` of the target's L1d, at most :data:`K_CHUNK`. The
     panel is reused by every row tile of a block, so it must stay in L1 while they stream the
     S rows through it: a 32 KB panel (256 steps x 32 lanes) filled 2/3 of an Emerald Rapids
     L1d and all of a Zen 4's (conv1d dx, 256 channels, 128 steps: 1.035x / 1.023x on one /
-    two EMR cores, same-process A/B, 61 rounds of alternate calls)."""
-    budget = int(target.l1d_kib * 1024 * PANEL_L1_SHARE)
+    two EMR cores, same-process A/B, 61 rounds of alternate calls). ``share``: of L1d, for a
+    flat chunk :data:`FLAT_PANEL_L1_SHARE`."""
+    budget = int(target.l1d_kib * 1024 * share)
     return max(1, min(K_CHUNK, budget // (vf * elem_bytes)))
 
 
-def chunk_steps(reduce: list[int], limit: int = K_CHUNK) -> tuple[int, int]:
+def chunk_steps(reduce: list[int], limit: int = K_CHUNK, limit2: int = 0) -> tuple[int, int]:
     """``(kc, kc2)``: the steps of the innermost reduction axis and of the next one in one
-    chunk of at most ``limit`` (:func:`panel_steps`). A short innermost axis (a 28-wide row
-    of a 3-D dw) takes rows of the next axis too: the register tile is loaded and stored
-    once per chunk, once per 28 steps otherwise."""
+    chunk of at most ``limit`` (:func:`panel_steps`), or ``limit2`` where it is not 0 (a
+    flat chunk's own budget). A short innermost axis (a 28-wide row of a 3-D dw) takes rows
+    of the next axis too: the register tile is loaded and stored once per chunk, once per 28
+    steps otherwise (a 3-D dx of 64 channels on a Zen 4, 3 taps of 64 in one flat chunk
+    where the half of L1d allowed 64 steps: 1.023x / 1.026x on one / two cores, same-process
+    A/B, 41 rounds of alternate calls)."""
     if not reduce:
         return 1, 1
     kc = largest_divisor(reduce[-1], limit)
     if kc < reduce[-1] or len(reduce) < 2:
         return kc, 1
-    return kc, largest_divisor(reduce[-2], max(1, limit // kc))
+    return kc, largest_divisor(reduce[-2], max(1, (limit2 or limit) // kc))
 
 
 def tile_acc(sch, block, vec: int, row: int, target, fuse_ok: bool = True,

@@ -202,6 +202,17 @@ def test_chunk_steps_keep_the_v_panel_within_the_share_of_l1_the_target_has():
     assert chunk_steps([3, 3, 3, 64], panel_steps(targets.get("sapphirerapids"), 16)) == (64, 3)
     assert panel_steps(replace(targets.get("x86-avx2"), l1d_kib=1), 64) == 2
 
+
+def test_a_flat_chunk_takes_taps_within_its_own_share_of_l1():
+    from schedules.convolution_backward import FLAT_PANEL_L1_SHARE, chunk_steps, panel_steps
+
+    zen4 = targets.get("znver4")  # 32 KB L1d: half of it holds 128 steps of two vectors
+    limit, flat = panel_steps(zen4, 32), panel_steps(zen4, 32, share=FLAT_PANEL_L1_SHARE)
+    assert (limit, flat) == (128, 192)
+    assert chunk_steps([3, 3, 3, 64], limit) == (64, 1)  # 2 taps of 64 fit; 2 divides not 3
+    assert chunk_steps([3, 3, 3, 64], limit, flat) == (64, 3)  # a 3-D dx: its 3 taps in one
+    assert chunk_steps([3, 256], limit, flat) == (128, 1)  # the flat budget never splits kc
+
 # 3-D layers whose innermost reduction axis is short: dw's chunk spans output rows (strided,
 # dilated, padding per axis, prime sizes, batch 2), dx's spans taps
 SPANNING = [
