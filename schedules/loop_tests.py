@@ -1,10 +1,22 @@
 """Tests on loops: a condition that only outer loops decide, put on the loop where it is decided
-once for its whole body (:func:`with_tests`), and the statement facts that choose that loop.
+once for its whole body (:func:`with_tests`); one that an unrolled loop decides, put inside it
+after the serial loops it also uses are peeled where it may fail, so that it folds to a
+constant in every unrolled copy (:func:`peeled`); and the statement facts that choose them.
 Used by :mod:`schedules.zero_taps` (taps that multiply only padding)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from schedules.rewrite import rebuild
+
+# Loop points a condition is evaluated over at most (an int32 grid of the loops it uses; a
+# convolution's tap and row loops make a few thousand).
+GRID_POINTS = 1 << 20
+
+# Iterations of one loop :func:`peeled` copies out at most, and copies of a body in all.
+PEEL_VALUES = 4
+PEEL_COPIES = 16
 
 _BINARY = ("Add", "Sub", "Mul", "FloorDiv", "FloorMod", "Div", "Mod", "Min", "Max", "LT", "LE",
            "GT", "GE", "EQ", "NE", "And", "Or")
@@ -133,3 +145,166 @@ def steps_below(loop) -> int:
         if s.kind == tvm.tirx.ForKind.SERIAL:
             n *= int(s.extent)
         s = s.body
+
+
+def held_on_grid(term, ranges: list):
+    """``term`` on the grid of ``ranges`` (``[(var, lo, extent), ...]``): a bool numpy array
+    indexed in that order; None when the grid has more than :data:`GRID_POINTS` points or the
+    term has a node kind :func:`evaluate` does not know."""
+    import numpy as np
+
+    sizes = [n for _, _, n in ranges]
+    if int(np.prod(sizes)) > GRID_POINTS:
+        return None
+    grids = np.meshgrid(*(np.arange(lo, lo + n) for _, lo, n in ranges), indexing="ij")
+    held = evaluate(term, {var: g for (var, _, _), g in zip(ranges, grids)})
+    return None if held is None else np.broadcast_to(held, tuple(sizes))
+
+
+_NUMPY_OPS = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "FloorDiv": "floor_divide",
+              "FloorMod": "mod", "Min": "minimum", "Max": "maximum", "LT": "less",
+              "LE": "less_equal", "GT": "greater", "GE": "greater_equal", "EQ": "equal",
+              "NE": "not_equal", "And": "logical_and", "Or": "logical_or"}
+
+
+def evaluate(expr, values: dict):
+    """``expr`` (integer index arithmetic and comparisons over loop variables) on numpy grids
+    of their values; None for anything else."""
+    import numpy as np
+    import tvm
+
+    if isinstance(expr, tvm.tirx.Var):
+        return values.get(expr)
+    if isinstance(expr, tvm.tirx.IntImm):
+        return int(expr.value)
+    op = _NUMPY_OPS.get(type(expr).__name__)
+    if op is None:
+        return None
+    a, b = evaluate(expr.a, values), evaluate(expr.b, values)
+    if a is None or b is None:
+        return None
+    return getattr(np, op)(a, b)
+
+
+@dataclass(frozen=True)
+class Peel:
+    """A test for :func:`peeled`: ``term`` over the loops ``ranges`` (``[(var, lo, extent),
+    ...]``, outermost first), put on the body of the unrolled loop ``home`` (the innermost of
+    them); the others, serial, are peeled where the term may fail."""
+
+    term: object
+    ranges: tuple
+    home: object
+
+    def serial(self) -> list:
+        return [var for var, _, _ in self.ranges if not var.same_as(self.home)]
+
+
+class _NoPeel(Exception):
+    """A peel left out: too many copies, or a node kind :func:`subst` does not know."""
+
+
+def peeled(func, peels: list):
+    """``func`` with each :class:`Peel`'s test where it folds to a constant: every serial loop
+    the term uses is split, in order, into runs of iterations where the term holds at every
+    point of the loops inside (left as a loop, untested), where it fails at every one (left
+    out: its steps read only zeros), and single iterations where it may do either (copied
+    with the loop variable a constant, up to :data:`PEEL_VALUES` a loop); in those copies the
+    home loop's body runs under ``if term``, which TVM's ``UnrollLoop`` and ``Simplify`` then
+    turn into a constant per unrolled copy. A peel that would make more than
+    :data:`PEEL_COPIES` copies is left out."""
+    body = func.body
+    for peel in peels:
+        try:
+            body = _peel(body, peel, {})
+        except _NoPeel:
+            continue
+    return func if body.same_as(func.body) else func.with_body(body)
+
+
+def _peel(stmt, peel: Peel, fixed: dict, budget: list | None = None):
+    """``stmt`` with ``peel`` applied below it, ``fixed`` the serial loop variables already
+    made constants (var -> value)."""
+    budget = budget if budget is not None else [PEEL_COPIES]
+    todo = [v for v in peel.serial() if not any(v.same_as(f) for f in fixed)]
+
+    def visit_loop(loop):
+        if todo and loop.loop_var.same_as(todo[0]):
+            return _split_loop(loop, peel, fixed, budget)
+        if not todo and loop.loop_var.same_as(peel.home):
+            import tvm
+
+            cond = subst(peel.term, fixed)
+            return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
+                                tvm.tirx.IfThenElse(cond, loop.body, None), loop.thread_binding,
+                                loop.annotations, loop.step)
+        return None
+
+    return rebuild(stmt, lambda b: None, visit_loop)
+
+
+def _split_loop(loop, peel: Peel, fixed: dict, budget: list):
+    """One serial loop of ``peel`` split into its runs (see :func:`peeled`)."""
+    import numpy as np
+    import tvm
+
+    var, lo, n = loop.loop_var, int(loop.min), int(loop.extent)
+    rest = [(v, a, e) for v, a, e in peel.ranges
+            if not v.same_as(var) and not any(v.same_as(f) for f in fixed)]
+    held = held_on_grid(subst(peel.term, fixed), [(var, lo, n), *rest])
+    if held is None:
+        raise _NoPeel
+    flat = held.reshape(n, -1)
+    kind = np.where(flat.all(axis=1), 1, np.where(flat.any(axis=1), 0, -1))
+    if int((kind == 0).sum()) > PEEL_VALUES:
+        raise _NoPeel
+    parts = []
+    start = 0
+    for i in range(1, n + 1):
+        if i < n and kind[i] == kind[start] and kind[i] != 0:
+            continue
+        if kind[start] == 1:  # a fresh variable: TVM binds each to one range
+            run = tvm.tirx.Var(var.name, str(var.ty))
+            parts.append(tvm.tirx.For(run, tvm.tirx.const(lo + start, str(var.ty)),
+                                      tvm.tirx.const(i - start, str(var.ty)), loop.kind,
+                                      _substitute(loop.body, {var: run}), loop.thread_binding,
+                                      loop.annotations, loop.step))
+        elif kind[start] == 0:
+            budget[0] -= 1
+            if budget[0] < 0:
+                raise _NoPeel
+            value = tvm.tirx.const(lo + start, str(var.ty))
+            copy = _substitute(loop.body, {var: value})
+            parts.append(_peel(copy, peel, {**fixed, var: value}, budget))
+        start = i
+    if not parts:
+        return tvm.tirx.Evaluate(0)
+    return parts[0] if len(parts) == 1 else tvm.tirx.SeqStmt(parts)
+
+
+def _substitute(stmt, binding: dict):
+    """``stmt`` with loop variables replaced (``binding``) where a scheduled function uses
+    them: block bindings and predicates, the tests above them, loop bounds."""
+    import tvm
+
+    def expr(e):
+        out = subst(e, binding)
+        if out is None:
+            raise _NoPeel
+        return out
+
+    def walk(s):
+        if isinstance(s, tvm.s_tir.SBlockRealize):
+            return tvm.s_tir.SBlockRealize([expr(v) for v in s.iter_values],
+                                           expr(s.predicate), s.block)
+        if isinstance(s, tvm.tirx.SeqStmt):
+            return tvm.tirx.SeqStmt([walk(x) for x in s.seq])
+        if isinstance(s, tvm.tirx.For):
+            return tvm.tirx.For(s.loop_var, expr(s.min), expr(s.extent), s.kind, walk(s.body),
+                                s.thread_binding, s.annotations, s.step)
+        if isinstance(s, tvm.tirx.IfThenElse):
+            return tvm.tirx.IfThenElse(expr(s.condition), walk(s.then_case),
+                                       None if s.else_case is None else walk(s.else_case))
+        raise _NoPeel
+
+    return walk(stmt)

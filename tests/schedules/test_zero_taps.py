@@ -120,9 +120,10 @@ def test_left_alone(case):
 
 
 @pytest.mark.parametrize("unroll", [False, True])
-def test_no_test_inside_an_unrolled_loop(unroll):
-    """The padded index uses only the row loop: tested there when it is serial, left alone
-    when it is unrolled (a test would split the register tile's unrolled rows)."""
+def test_a_test_inside_an_unrolled_loop_is_one_that_folds(unroll):
+    """The padded index uses only the row loop: tested there when it is serial; when it is
+    unrolled, the test goes inside it, where each unrolled row's copy decides it at compile
+    time (no branch left between the register tile's rows); the sums are the same."""
     x = te.placeholder((16, 3), name="x")
     w = te.placeholder((3, 16), name="w")
     xq = te.compute((20, 3), lambda i, ci: te.if_then_else(
@@ -137,7 +138,16 @@ def test_no_test_inside_an_unrolled_loop(unroll):
         sch.unroll(i)
     sch.decompose_reduction(blk, r)
     func = sch.mod["main"]
-    assert skip_zero_taps(func).same_as(func) == unroll
+    skipped = skip_zero_taps(func)
+    (test,) = [t for t in _ifs(skipped) if "i" in str(t.condition)]
+    loops: list = []
+    tvm_ffi.structural_walk(skipped.body, (tvm.tirx.For, loops.append), order="pre")
+    (row,) = [lp for lp in loops if lp.body.same_as(test)]  # the test is the row loop's body
+    assert row.loop_var.name == "i" and (row.kind == tvm.tirx.ForKind.UNROLLED) == unroll
+    rng = np.random.default_rng(7)
+    xa = rng.standard_normal((16, 3)).astype("float32")
+    wa = rng.standard_normal((3, 16)).astype("float32")
+    np.testing.assert_array_equal(_run(skipped, xa, wa, (20, 16)), _run(func, xa, wa, (20, 16)))
 
 
 def _tested_blocks(outs, inputs) -> set:
@@ -160,13 +170,13 @@ def _blocks(stmt) -> list:
 
 
 @pytest.mark.parametrize("nd,mask,tested", [(3, "dx", True), (3, "dw", True), (2, "dx", True),
-                                            (2, "dw", False), (1, "dx", False)])
+                                            (2, "dw", True), (1, "dx", False)])
 def test_operators_padded_taps(nd, mask, tested):
     """convolution_backward's dx and dw read dy / x zero-padded. The taps of a 3-D dx and dw and
-    of a 2-D dx are tested above the register tile; a 2-D dw's padded taps lie inside the
-    stretch where its tile stays in registers, a 1-D dx's only padded axis is the tile's row:
-    neither is tested. (The operator tests check every result against the float64 reference,
-    skipped taps and all.)"""
+    of a 2-D dx are tested above the register tile; a 2-D dw's padded taps, inside the tile's
+    unrolled rows, where the loops around them are peeled; a 1-D dx's only padded axis is the
+    row of a tile whose chunk walks taps and channels as one loop: not tested. (The operator
+    tests check every result against the float64 reference, skipped taps and all.)"""
     from dsl.ops.convolution_backward import convolution_backward
 
     size = (5, 6, 7)[-nd:]
