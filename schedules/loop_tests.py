@@ -14,8 +14,8 @@ from schedules.rewrite import rebuild
 # convolution's tap and row loops make a few thousand).
 GRID_POINTS = 1 << 20
 
-# Iterations of one loop :func:`peeled` copies out at most, and copies of a body in all.
-PEEL_VALUES = 4
+# Runs of one loop :func:`peeled` copies out at most, and copies of a body in all.
+PEEL_RUNS = 4
 PEEL_COPIES = 16
 
 _BINARY = ("Add", "Sub", "Mul", "FloorDiv", "FloorMod", "Div", "Mod", "Min", "Max", "LT", "LE",
@@ -206,35 +206,40 @@ class _NoPeel(Exception):
 
 def peeled(func, peels: list):
     """``func`` with each :class:`Peel`'s test where it folds to a constant: every serial loop
-    the term uses is split, in order, into runs of iterations where the term holds at every
-    point of the loops inside (left as a loop, untested), where it fails at every one (left
-    out: its steps read only zeros), and single iterations where it may do either (copied
-    with the loop variable a constant, up to :data:`PEEL_VALUES` a loop); in those copies the
-    home loop's body runs under ``if term``, which TVM's ``UnrollLoop`` and ``Simplify`` then
-    turn into a constant per unrolled copy. A peel that would make more than
-    :data:`PEEL_COPIES` copies is left out."""
+    the term uses is split, in order, into runs of iterations over which the term's truth at
+    the points of the loops inside is the same: a run where it holds at every point stays a
+    loop, untested; one where it fails at every point is left out (its steps read only
+    zeros); any other run (up to :data:`PEEL_RUNS` a loop) is copied, with the loop variable
+    a constant where the run is one iteration, and peeled further inside; in those copies the
+    home loop's body runs under ``if term``, which TVM's ``UnrollLoop`` and ``Simplify`` turn
+    into a constant per unrolled copy (checked here with TVM's analyzer, the runs' variables
+    bound to their ranges: a flat loop of taps x channels splits at a tap's first channel).
+    A peel that would make more than :data:`PEEL_COPIES` copies, or leave a test that does
+    not fold, is left out."""
     body = func.body
     for peel in peels:
         try:
-            body = _peel(body, peel, {})
+            body = _peel(body, peel, {}, {}, [PEEL_COPIES])
         except _NoPeel:
             continue
     return func if body.same_as(func.body) else func.with_body(body)
 
 
-def _peel(stmt, peel: Peel, fixed: dict, budget: list | None = None):
-    """``stmt`` with ``peel`` applied below it, ``fixed`` the serial loop variables already
-    made constants (var -> value)."""
-    budget = budget if budget is not None else [PEEL_COPIES]
+def _peel(stmt, peel: Peel, fixed: dict, bounds: dict, budget: list):
+    """``stmt`` with ``peel`` applied below it; ``fixed``: the serial loop variables already
+    split (var -> a constant, or the variable of its run's loop), ``bounds``: those runs'
+    variables -> ``(lo, extent)``."""
+    import tvm
+
     todo = [v for v in peel.serial() if not any(v.same_as(f) for f in fixed)]
 
     def visit_loop(loop):
         if todo and loop.loop_var.same_as(todo[0]):
-            return _split_loop(loop, peel, fixed, budget)
+            return _split_loop(loop, peel, fixed, bounds, budget)
         if not todo and loop.loop_var.same_as(peel.home):
-            import tvm
-
             cond = subst(peel.term, fixed)
+            if not _folds(cond, peel, bounds):
+                raise _NoPeel
             return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
                                 tvm.tirx.IfThenElse(cond, loop.body, None), loop.thread_binding,
                                 loop.annotations, loop.step)
@@ -243,43 +248,78 @@ def _peel(stmt, peel: Peel, fixed: dict, budget: list | None = None):
     return rebuild(stmt, lambda b: None, visit_loop)
 
 
-def _split_loop(loop, peel: Peel, fixed: dict, budget: list):
+def _split_loop(loop, peel: Peel, fixed: dict, bounds: dict, budget: list):
     """One serial loop of ``peel`` split into its runs (see :func:`peeled`)."""
     import numpy as np
     import tvm
 
     var, lo, n = loop.loop_var, int(loop.min), int(loop.extent)
+    dtype = str(var.ty)
     rest = [(v, a, e) for v, a, e in peel.ranges
             if not v.same_as(var) and not any(v.same_as(f) for f in fixed)]
-    held = held_on_grid(subst(peel.term, fixed), [(var, lo, n), *rest])
+    held = held_on_grid(subst(peel.term, fixed), [(var, lo, n), *rest + _run_ranges(bounds)])
     if held is None:
         raise _NoPeel
-    flat = held.reshape(n, -1)
-    kind = np.where(flat.all(axis=1), 1, np.where(flat.any(axis=1), 0, -1))
-    if int((kind == 0).sum()) > PEEL_VALUES:
+    pattern = held.reshape(n, -1)
+    starts = [0] + [i for i in range(1, n) if not np.array_equal(pattern[i], pattern[i - 1])]
+    if sum(1 for a in starts if 0 < pattern[a].mean() < 1) > PEEL_RUNS:
         raise _NoPeel
     parts = []
-    start = 0
-    for i in range(1, n + 1):
-        if i < n and kind[i] == kind[start] and kind[i] != 0:
+    for a, b in zip(starts, [*starts[1:], n]):
+        if not pattern[a].any():
             continue
-        if kind[start] == 1:  # a fresh variable: TVM binds each to one range
-            run = tvm.tirx.Var(var.name, str(var.ty))
-            parts.append(tvm.tirx.For(run, tvm.tirx.const(lo + start, str(var.ty)),
-                                      tvm.tirx.const(i - start, str(var.ty)), loop.kind,
-                                      _substitute(loop.body, {var: run}), loop.thread_binding,
-                                      loop.annotations, loop.step))
-        elif kind[start] == 0:
+        mixed = not pattern[a].all()
+        if mixed:
             budget[0] -= 1
             if budget[0] < 0:
                 raise _NoPeel
-            value = tvm.tirx.const(lo + start, str(var.ty))
-            copy = _substitute(loop.body, {var: value})
-            parts.append(_peel(copy, peel, {**fixed, var: value}, budget))
-        start = i
+        if mixed and b - a == 1:
+            value = tvm.tirx.const(lo + a, dtype)
+            parts.append(_peel(_substitute(loop.body, {var: value}), peel,
+                               {**fixed, var: value}, bounds, budget))
+            continue
+        run = tvm.tirx.Var(var.name, dtype)  # a fresh variable: TVM binds each to one range
+        body = _substitute(loop.body, {var: run})
+        if mixed:
+            body = _peel(body, peel, {**fixed, var: run}, {**bounds, run: (lo + a, b - a)},
+                         budget)
+        parts.append(tvm.tirx.For(run, tvm.tirx.const(lo + a, dtype),
+                                  tvm.tirx.const(b - a, dtype), loop.kind, body,
+                                  loop.thread_binding, loop.annotations, loop.step))
     if not parts:
         return tvm.tirx.Evaluate(0)
     return parts[0] if len(parts) == 1 else tvm.tirx.SeqStmt(parts)
+
+
+def _run_ranges(bounds: dict) -> list:
+    return [(v, lo, n) for v, (lo, n) in bounds.items()]
+
+
+# Points of the unrolled loops a test's folding is checked at, at most.
+FOLD_POINTS = 4096
+
+
+def _folds(cond, peel: Peel, bounds: dict) -> bool:
+    """Whether ``cond`` simplifies to a constant at every point of the unrolled loops it uses,
+    the runs' variables bound to their ranges (as TVM's ``Simplify`` sees them after
+    ``UnrollLoop``)."""
+    import itertools
+
+    import numpy as np
+    import tvm
+
+    serial = peel.serial()
+    unrolled = [(v, lo, n) for v, lo, n in peel.ranges if not any(v.same_as(s) for s in serial)]
+    if int(np.prod([n for _, _, n in unrolled])) > FOLD_POINTS:
+        return False
+    analyzer = tvm.sym.Analyzer()
+    for v, (lo, n) in bounds.items():
+        analyzer.bind(v, tvm.ir.Range.from_min_extent(lo, n))
+    for point in itertools.product(*(range(lo, lo + n) for _, lo, n in unrolled)):
+        at = subst(cond, {v: tvm.tirx.const(x, str(v.ty)) for (v, _, _), x in zip(unrolled, point)})
+        if not isinstance(analyzer.simplify(at), tvm.tirx.IntImm):
+            return False
+    return True
 
 
 def _substitute(stmt, binding: dict):

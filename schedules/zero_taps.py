@@ -35,7 +35,8 @@ graph is, not by which operator made it:
   it may fail (:func:`schedules.loop_tests.peeled`): in each peeled copy those loops are
   constants, so once TVM unrolls the rows every test is a constant and the padding rows'
   FMAs are gone, with no branch in the tile (5HD dx of 14 x 14, batch 8: 1.035-1.047x on one
-  and two Zen 4 cores; 2-D dilated dx, transposed dx and 3-D dw 1.02-1.03x; the rest 1.00-1.02x,
+  and two Zen 4 cores; 2-D dilated dx, transposed dx, 3-D dw and the 3-D dx, whose flat
+  chunk of taps x channels splits at a tap's first channel, 1.02-1.03x; the rest 1.00-1.02x,
   none slower).
 
 A skipped step adds ``0 * w``, which is ``+-0`` for a finite ``w``: the sums are bit for bit the

@@ -128,7 +128,7 @@ def test_too_many_copies_leave_the_function_unchanged(monkeypatch):
     monkeypatch.setattr(loop_tests, "PEEL_COPIES", 1)  # the two edge tiles need two
     assert skip_zero_taps(func).same_as(func)
     monkeypatch.setattr(loop_tests, "PEEL_COPIES", 16)
-    monkeypatch.setattr(loop_tests, "PEEL_VALUES", 0)
+    monkeypatch.setattr(loop_tests, "PEEL_RUNS", 0)
     assert skip_zero_taps(func).same_as(func)
 
 

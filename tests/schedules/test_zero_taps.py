@@ -170,13 +170,13 @@ def _blocks(stmt) -> list:
 
 
 @pytest.mark.parametrize("nd,mask,tested", [(3, "dx", True), (3, "dw", True), (2, "dx", True),
-                                            (2, "dw", True), (1, "dx", False)])
+                                            (2, "dw", True), (1, "dx", True)])
 def test_operators_padded_taps(nd, mask, tested):
     """convolution_backward's dx and dw read dy / x zero-padded. The taps of a 3-D dx and dw and
-    of a 2-D dx are tested above the register tile; a 2-D dw's padded taps, inside the tile's
-    unrolled rows, where the loops around them are peeled; a 1-D dx's only padded axis is the
-    row of a tile whose chunk walks taps and channels as one loop: not tested. (The operator
-    tests check every result against the float64 reference, skipped taps and all.)"""
+    of a 2-D dx are tested above the register tile; a 2-D dw's padded taps and a 1-D dx's (its
+    only padded axis is the tile's row, its chunk one flat loop of taps x channels) inside the
+    tile's unrolled rows, where the loops around them are peeled. (The operator tests check
+    every result against the float64 reference, skipped taps and all.)"""
     from dsl.ops.convolution_backward import convolution_backward
 
     size = (5, 6, 7)[-nd:]
