@@ -13,10 +13,11 @@ from schedules import loop_tests
 from schedules.zero_taps import skip_zero_taps
 
 
-def _tiled_conv1d(n, c, k, pad, rows):
+def _tiled_conv1d(n, c, k, pad, rows, flat=False):
     """y[i, o] = sum_{j, ci} xp[i + j, ci] * w[j, ci, o] (xp: x zero-padded by ``pad``),
     scheduled as a register tile: the output positions split into tiles of ``rows``
-    unrolled rows, the tap and channel loops between the tile loop and its rows."""
+    unrolled rows, the tap and channel loops between the tile loop and its rows (``flat``:
+    fused into one loop, ``j = r // c``)."""
     x = te.placeholder((n, c), name="x")
     w = te.placeholder((k, c, 16), name="w")
     xp = te.compute((n + 2 * pad, c), lambda i, ci: te.if_then_else(
@@ -33,6 +34,8 @@ def _tiled_conv1d(n, c, k, pad, rows):
     io, ii = sch.split(i, [None, rows])
     sch.reorder(io, jl, cl, ii, o)
     sch.unroll(ii)
+    if flat:
+        sch.fuse(jl, cl)
     sch.decompose_reduction(blk, io)  # the init above the tiles, as in the operators' kernels
     return sch.mod["main"], n_out
 
@@ -89,9 +92,12 @@ def _reference(x, w, pad, n_out):
     return y
 
 
+@pytest.mark.parametrize("flat", [False, True])
 @pytest.mark.parametrize("n,c,k,pad,rows", [(14, 3, 3, 1, 7), (28, 5, 5, 2, 4), (6, 2, 7, 3, 3)])
-def test_peeled_tile_folds_its_tests_and_sums_the_same(n, c, k, pad, rows):
-    func, n_out = _tiled_conv1d(n, c, k, pad, rows)
+def test_peeled_tile_folds_its_tests_and_sums_the_same(n, c, k, pad, rows, flat):
+    """With ``flat``, the runs of the fused tap x channel loop that share a tap are loops
+    whose test TVM's simplifier decides from the run's range (``r // c`` constant there)."""
+    func, n_out = _tiled_conv1d(n, c, k, pad, rows, flat)
     peeled = skip_zero_taps(func)
     assert not peeled.same_as(func)
     # every test the peel put inside the unrolled rows is a constant once they are unrolled
@@ -139,3 +145,14 @@ def test_held_on_grid_evaluates_index_arithmetic():
     expect = np.array([[1 <= 2 * i + j < 6 for j in range(2)] for i in range(4)])
     np.testing.assert_array_equal(held, expect)
     assert loop_tests.held_on_grid(tvm.tirx.Select(a < 1, a, b), [(a, 0, 2), (b, 0, 2)]) is None
+
+
+def test_a_run_is_kept_only_where_its_test_folds():
+    """A run of a flat loop is left a loop only where TVM's analyzer, the run bound to its
+    range, makes the test a constant at every unrolled row: ``r // 64`` is constant over
+    ``[64, 128)``, not over ``[32, 96)``."""
+    r, row = tvm.tirx.Var("r", "int32"), tvm.tirx.Var("row", "int32")
+    term = tvm.tirx.LE(1, row + tvm.tirx.FloorDiv(r, 64))
+    peel = loop_tests.Peel(term, ((r, 0, 192), (row, 0, 4)), row)
+    assert loop_tests._folds(term, peel, {r: (64, 64)})
+    assert not loop_tests._folds(term, peel, {r: (32, 64)})
