@@ -331,6 +331,11 @@ def schedule_dx_x86(sch, workload) -> None:
             continue
         notes = sch.get(block).annotations
         run, src = int(notes.get(tag.LANE_RUN, 0)), int(notes.get(tag.SOURCE_RUN, 0))
+        name = sch.get(block).name_hint
+        if stage == tag.DX_DY_PAD and tb.transpose_tile(sch, block, target):
+            workload.note(name, RULE, "dy's C0 lanes into W rows: inside the padding "
+                          "vectorised whole, no bounds test; the pad's borders apart")
+            continue
         tb.elementwise_c0(sch, block, target, run=run or src)
         workload.note(sch.get(block).name_hint, RULE,
                       f"regathered dy: runs of {run} equal lanes, one load each" if run

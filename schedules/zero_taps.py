@@ -87,20 +87,20 @@ def skip_zero_taps(func):
 
 def _padded_stages(body) -> dict:
     """``{buffer: {axis: (lo, hi)}}`` for each buffer every writer of which is a padded stage
-    with the same bounds (:func:`_pad_bounds`)."""
+    with the same bounds (:func:`pad_bounds`)."""
     writers: dict = {}
     for r in realizes(body):
         for w in r.block.writes:
             writers.setdefault(w.source, []).append(r.block)
     pads = {}
     for buf, blocks in writers.items():
-        bounds = [_pad_bounds(b) for b in blocks]
+        bounds = [pad_bounds(b) for b in blocks]
         if bounds[0] and all(b == bounds[0] for b in bounds[1:]):
             pads[buf] = bounds[0]
     return pads
 
 
-def _pad_bounds(block) -> dict:
+def pad_bounds(block) -> dict:
     """``{axis: (lo, hi)}`` for a padded stage ``P[i...] = if_then_else(cond, v, 0)`` stored at
     its own iteration point: the constant bounds ``cond`` puts on each axis (outside them ``P``
     is zero). ``{}`` for any other block."""

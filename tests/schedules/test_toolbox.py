@@ -139,6 +139,34 @@ def test_transpose_tile_blocks_a_layout_transpose(shape, perm, pad):
     np.testing.assert_array_equal(out.numpy(), ref)
 
 
+@pytest.mark.parametrize("w,lo,hi", [(8, 1, 2), (16, 3, 0), (32, 0, 5)])
+def test_transpose_tile_of_a_padded_write_axis(w, lo, hi):
+    """5HD dy into zero-padded W rows (a few-channel dx's ``dx_dy_pad``): the write axis
+    (W + padding) divides into blocks only inside the padding, so it is partitioned at the
+    pad's bounds, the interior vectorised; results exact against numpy."""
+    import numpy as np
+    import tvm
+
+    n, c1, h = 2, 2, 3
+    x = te.placeholder((n, c1, h, w, 16), name="x")
+    wp = lo + w + hi
+    y = te.compute((n, c1 * 16, h + 2, wp), lambda b, c, i, j: te.if_then_else(
+        te.all(i >= 1, i < h + 1, j >= lo, j < w + lo), x[b, c // 16, i - 1, j - lo, c % 16],
+        0.0), name="y")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    tgt = targets.current()
+    assert tb.transpose_tile(sch, sch.get_sblock("y"), tgt)
+    script = sch.mod.script()
+    assert "T.vectorized" in script and ("partition" in script) == bool(lo or hi)
+    f = tvm.compile(sch.mod, target=tgt.tvm_target())
+    xn = np.random.default_rng(w).standard_normal((n, c1, h, w, 16)).astype("float32")
+    ref = np.pad(xn.transpose(0, 1, 4, 2, 3).reshape(n, c1 * 16, h, w),
+                 ((0, 0), (0, 0), (1, 1), (lo, hi)))
+    out = tvm.runtime.tensor(np.zeros(ref.shape, "float32"))
+    f(tvm.runtime.tensor(xn), out)
+    np.testing.assert_array_equal(out.numpy(), ref)
+
+
 def test_transpose_tile_leaves_other_copies_alone():
     """A copy contiguous along the same axis on both sides, or whose write axis does not
     divide into blocks (a predicated vector is scalarised), is not a tiled transpose."""
