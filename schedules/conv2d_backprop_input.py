@@ -332,7 +332,8 @@ def schedule_dx_x86(sch, workload) -> None:
         notes = sch.get(block).annotations
         run, src = int(notes.get(tag.LANE_RUN, 0)), int(notes.get(tag.SOURCE_RUN, 0))
         name = sch.get(block).name_hint
-        if stage == tag.DX_DY_PAD and tb.transpose_tile(sch, block, target):
+        if stage == tag.DX_DY_PAD and not (run or src) and tb.transpose_tile(sch, block,
+                                                                             target):
             workload.note(name, RULE, "dy's C0 lanes into W rows: inside the padding "
                           "vectorised whole, no bounds test; the pad's borders apart")
             continue
