@@ -18,6 +18,9 @@ GRID_POINTS = 1 << 20
 PEEL_RUNS = 4
 PEEL_COPIES = 16
 
+# Points of the unrolled loops a peeled test's folding is checked at, at most.
+FOLD_POINTS = 4096
+
 _BINARY = ("Add", "Sub", "Mul", "FloorDiv", "FloorMod", "Div", "Mod", "Min", "Max", "LT", "LE",
            "GT", "GE", "EQ", "NE", "And", "Or")
 
@@ -195,13 +198,15 @@ class Peel:
     term: object
     ranges: tuple
     home: object
+    alone: bool = True  # the only block below the outermost loop: runs may be left out
 
     def serial(self) -> list:
         return [var for var, _, _ in self.ranges if not var.same_as(self.home)]
 
 
 class _NoPeel(Exception):
-    """A peel left out: too many copies, or a node kind :func:`subst` does not know."""
+    """A peel left out: too many copies, a test that would not fold, or a node kind
+    :func:`subst` does not know."""
 
 
 def peeled(func, peels: list):
@@ -209,11 +214,13 @@ def peeled(func, peels: list):
     the term uses is split, in order, into runs of iterations over which the term's truth at
     the points of the loops inside is the same: a run where it holds at every point stays a
     loop, untested; one where it fails at every point is left out (its steps read only
-    zeros); any other run (up to :data:`PEEL_RUNS` a loop) is copied, with the loop variable
-    a constant where the run is one iteration, and peeled further inside; in those copies the
-    home loop's body runs under ``if term``, which TVM's ``UnrollLoop`` and ``Simplify`` turn
-    into a constant per unrolled copy (checked here with TVM's analyzer, the runs' variables
-    bound to their ranges: a flat loop of taps x channels splits at a tap's first channel).
+    zeros; unless other blocks share the loops: then it is tested like the others, the test
+    folding to false); any other run (up to :data:`PEEL_RUNS` a loop) is copied, with the
+    loop variable a constant where the run is one iteration, and peeled further inside; in
+    those copies the home loop's body runs under ``if term``, which TVM's ``UnrollLoop`` and
+    ``Simplify`` turn into a constant per unrolled copy (checked here with TVM's analyzer,
+    the runs' variables bound to their ranges: a flat loop of taps x channels splits at a
+    tap's first channel).
     A peel that would make more than :data:`PEEL_COPIES` copies, or leave a test that does
     not fold, is left out."""
     body = func.body
@@ -266,7 +273,7 @@ def _split_loop(loop, peel: Peel, fixed: dict, bounds: dict, budget: list):
         raise _NoPeel
     parts = []
     for a, b in zip(starts, [*starts[1:], n]):
-        if not pattern[a].any():
+        if not pattern[a].any() and peel.alone:
             continue
         mixed = not pattern[a].all()
         if mixed:
@@ -293,10 +300,6 @@ def _split_loop(loop, peel: Peel, fixed: dict, bounds: dict, budget: list):
 
 def _run_ranges(bounds: dict) -> list:
     return [(v, lo, n) for v, (lo, n) in bounds.items()]
-
-
-# Points of the unrolled loops a test's folding is checked at, at most.
-FOLD_POINTS = 4096
 
 
 def _folds(cond, peel: Peel, bounds: dict) -> bool:
