@@ -198,7 +198,6 @@ class Peel:
     term: object
     ranges: tuple
     home: object
-    alone: bool = True  # the only block below the outermost loop: runs may be left out
 
     def serial(self) -> list:
         return [var for var, _, _ in self.ranges if not var.same_as(self.home)]
@@ -214,8 +213,7 @@ def peeled(func, peels: list):
     the term uses is split, in order, into runs of iterations over which the term's truth at
     the points of the loops inside is the same: a run where it holds at every point stays a
     loop, untested; one where it fails at every point is left out (its steps read only
-    zeros; unless other blocks share the loops: then it is tested like the others, the test
-    folding to false); any other run (up to :data:`PEEL_RUNS` a loop) is copied, with the
+    zeros); any other run (up to :data:`PEEL_RUNS` a loop) is copied, with the
     loop variable a constant where the run is one iteration, and peeled further inside; in
     those copies the home loop's body runs under ``if term``, which TVM's ``UnrollLoop`` and
     ``Simplify`` turn into a constant per unrolled copy (checked here with TVM's analyzer,
@@ -273,7 +271,7 @@ def _split_loop(loop, peel: Peel, fixed: dict, bounds: dict, budget: list):
         raise _NoPeel
     parts = []
     for a, b in zip(starts, [*starts[1:], n]):
-        if not pattern[a].any() and peel.alone:
+        if not pattern[a].any():
             continue
         mixed = not pattern[a].all()
         if mixed:
