@@ -213,12 +213,11 @@ def peeled(func, peels: list):
     the term uses is split, in order, into runs of iterations over which the term's truth at
     the points of the loops inside is the same: a run where it holds at every point stays a
     loop, untested; one where it fails at every point is left out (its steps read only
-    zeros); any other run (up to :data:`PEEL_RUNS` a loop) is copied, with the
-    loop variable a constant where the run is one iteration, and peeled further inside; in
-    those copies the home loop's body runs under ``if term``, which TVM's ``UnrollLoop`` and
-    ``Simplify`` turn into a constant per unrolled copy (checked here with TVM's analyzer,
-    the runs' variables bound to their ranges: a flat loop of taps x channels splits at a
-    tap's first channel).
+    zeros); any other run (up to :data:`PEEL_RUNS` a loop) is copied, with the loop variable
+    a constant where the run is one iteration, and peeled further inside; in those copies the
+    home loop's body runs under ``if term``, which TVM's ``UnrollLoop`` and ``Simplify`` turn
+    into a constant per unrolled copy (checked here with TVM's analyzer, the runs' variables
+    bound to their ranges: a flat loop of taps x channels splits at a tap's first channel).
     A peel that would make more than :data:`PEEL_COPIES` copies, or leave a test that does
     not fold, is left out."""
     body = func.body
