@@ -488,6 +488,7 @@ def elementwise(sch, block, target) -> None:
 
 
 TRANSPOSE_TILE = 8  # an 8 x 8 block: 8 source lines serve 8 vectors (see transpose_tile)
+PAD_PARTS = 8  # vector-wide parts of a padded transpose's interior, at most (_padded_transpose)
 
 
 def _read_inner_loop(sch, block, loops) -> int | None:
@@ -551,11 +552,14 @@ def _padded_transpose(sch, block, loops: list, u: int, tu: int, target) -> bool:
     """:func:`transpose_tile` of a padded copy (``P = if_then_else(lo <= i < hi, .., 0)``)
     whose write axis divides into blocks only inside its padding (a few-channel dx's dy, W
     rows of 1 + 112 + 2): that loop partitioned at the pad's bounds, its interior (where the
-    bounds test is gone and each vector is built from scalar loads) vectorised whole below
-    the read's loop (a 5HD source block's lines serve its 16 channels from L1), the borders
-    plain. Vectorised with the test, every vector was a masked gather: the 7x7 stem dx's pad
-    of dy was a quarter of its time, and this made the dx 1.15x / 1.24x faster on one / two
-    Zen 4 cores (same-process A/B)."""
+    bounds test is gone and each vector is built from scalar loads) in parts of whole
+    vectors (at most :data:`PAD_PARTS`; each part a loop of its own, as s_tir splits no loop
+    that starts above 0), each vectorised below the read's loop (a 5HD source block's lines
+    serve its 16 channels from L1), the borders plain. Vectorised with the test, every
+    vector was a masked gather: the 7x7 stem dx's pad of dy was a quarter of its time, and
+    this made the dx 1.09-1.15x / 1.13-1.24x faster on one / two Zen 4 cores (same-process
+    A/B, two runs); the interior as one 112-lane vector ran as fast but took 1.7 s more to
+    compile."""
     from schedules.zero_taps import pad_bounds
 
     blk = sch.get(block)
@@ -570,12 +574,17 @@ def _padded_transpose(sch, block, loops: list, u: int, tu: int, target) -> bool:
         return False
     outer = [lp for i, lp in enumerate(loops[:-1]) if i != u]
     sch.reorder(*outer, loops[-1], loops[u])
-    sizes = [s for s in (lo, hi - lo, n - hi) if s]
+    lanes, inner = target.lanes("float32"), hi - lo
+    width = next((w for w in range(lanes, inner + 1, lanes)
+                  if inner % w == 0 and inner // w <= PAD_PARTS), inner)
+    sizes = [s for s in (lo, *[width] * (inner // width), n - hi) if s]
     parts = sch.loop_partition(loops[-1], [*sizes[:-1], None])
-    middle = leaf_blocks(sch, parts[1 if lo else 0])[0]
-    write, read = sch.get_loops(middle)[-2:]
-    sch.reorder(read, write)
-    sch.vectorize(write)  # whole: s_tir splits no loop that starts above 0
+    first = 1 if lo else 0
+    for part in parts[first:first + inner // width]:
+        middle = leaf_blocks(sch, part)[0]
+        write, read = sch.get_loops(middle)[-2:]
+        sch.reorder(read, write)
+        sch.vectorize(write)  # s_tir splits no loop that starts above 0
     parallel(sch, outer, target.cores)
     return True
 
