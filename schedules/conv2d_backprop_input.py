@@ -335,10 +335,10 @@ def schedule_dx_x86(sch, workload) -> None:
         if stage == tag.DX_DY_PAD and not (run or src) and tb.transpose_tile(sch, block,
                                                                              target):
             workload.note(name, RULE, "dy's C0 lanes into W rows: inside the padding "
-                          "vectorised whole, no bounds test; the pad's borders apart")
+                          "whole vectors, no bounds test; the pad's borders apart")
             continue
         tb.elementwise_c0(sch, block, target, run=run or src)
-        workload.note(sch.get(block).name_hint, RULE,
+        workload.note(name, RULE,
                       f"regathered dy: runs of {run} equal lanes, one load each" if run
                       else f"re-blocked dy: runs of {src} lanes from one 5HD block, one vector "
                       "load each" if src else "elementwise 5HD stage")

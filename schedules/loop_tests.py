@@ -35,12 +35,9 @@ def with_tests(func, tests: dict):
         if conds is None:
             return None
         body = rebuild(loop.body, lambda b: None, wrap)
-        cond = conds[0]
-        for c in conds[1:]:
-            cond = tvm.tirx.And(cond, c)
         return tvm.tirx.For(loop.loop_var, loop.min, loop.extent, loop.kind,
-                            tvm.tirx.IfThenElse(cond, body, None), loop.thread_binding,
-                            loop.annotations, loop.step)
+                            tvm.tirx.IfThenElse(conjunction(conds), body, None),
+                            loop.thread_binding, loop.annotations, loop.step)
 
     return func.with_body(rebuild(func.body, lambda b: None, wrap))
 
@@ -70,6 +67,16 @@ def realizes(stmt) -> list:
     out: list = []
     walk_blocks(stmt, lambda realize, loops: out.append(realize))
     return out
+
+
+def conjunction(terms: list):
+    """``terms[0] and terms[1] and ...``."""
+    import tvm
+
+    cond = terms[0]
+    for t in terms[1:]:
+        cond = tvm.tirx.And(cond, t)
+    return cond
 
 
 def conjuncts(cond) -> list:

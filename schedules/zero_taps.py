@@ -49,6 +49,7 @@ from __future__ import annotations
 
 from schedules.loop_tests import (
     Peel,
+    conjunction,
     conjuncts,
     held_on_grid,
     home_loop,
@@ -199,7 +200,7 @@ def _peel(terms: list, loops: list, block):
 
     if not terms:
         return None
-    term = _conjunction(terms)
+    term = conjunction(terms)
     used = loops_using(term, loops)
     kinds = (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
     if (not used or used[-1].kind != tvm.tirx.ForKind.UNROLLED
@@ -215,22 +216,13 @@ def _peel(terms: list, loops: list, block):
     return Peel(term, ranges, used[-1].loop_var)
 
 
-def _conjunction(terms: list):
-    import tvm
-
-    term = terms[0]
-    for t in terms[1:]:
-        term = tvm.tirx.And(term, t)
-    return term
-
-
 def _pays_inside(terms: list, loops: list, steps: int) -> bool:
     """Whether a test of ``terms`` inside the register tile's stretch skips more steps than
     the tile's reloads cost: the share of loop points where their conjunction is false (the
     skipped bodies) times ``steps`` beats :data:`STRETCH_COST_STEPS` (a 5HD dx of 14 x 14, 4.8%
     of its (row, tap) pairs in the padding, 48 steps a body: 1.02-1.04x; at 56 x 56, 1.2%:
     0.97x)."""
-    share = _false_share(_conjunction(terms), loops)
+    share = _false_share(conjunction(terms), loops)
     return share is not None and share * steps >= STRETCH_COST_STEPS
 
 
