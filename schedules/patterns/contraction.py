@@ -119,7 +119,7 @@ def scored_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False):
                 if mr * nv < 8:  # fewer accumulators than FMA latency x ports: stalls
                     score *= 0.7
                 # padding costs copies (and measured no faster at 1024^3), a guard more
-                if v_ext % min(nv * lanes, v_ext) or (nv * lanes > v_ext and v_ext % lanes):
+                if _ragged(v_ext, nv * lanes, lanes):
                     score *= 0.75 if pad_ok else v_ragged
                 if m_ext % mr:
                     score *= 0.75 if pad_ok else 0.6
@@ -257,7 +257,10 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     s_op, v_op, m, v, transposed = roles(f)
     einsum = _pure(s_op) and _pure(v_op)
     (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], pad_ok=einsum)
-    across = None if split or transposed else _across_m(target, f, s_op, m, v, score)
+    # an unpadded ragged tile along v keeps a partial vector inside the reduction
+    ragged_v = not einsum and _ragged(f.extents[v], nv * lanes, lanes)
+    across = None if split or transposed else _across_m(target, f, s_op, m, v, score,
+                                                         ragged_v)
     if across is not None:
         return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
                                   epilogue)
@@ -341,37 +344,61 @@ def _merit(rows: int, vectors: int) -> float:
     return rows * vectors / (rows + vectors) + 0.01 * rows * vectors
 
 
-def _across_m(target, f, s_op, m: str, v: str, score_along_v: float):
+def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
+              ragged_v: bool = False):
     """``(mr, nv, lanes)`` of the tile with its vectors along ``m`` instead of ``v`` (``mr``
     output positions along ``v``, each a broadcast of ``V``; ``nv`` vectors of ``S`` packed
     along ``m``), when it beats the tile along ``v`` by :data:`ACROSS_M_MARGIN`: a windowed
     contraction whose rows are short or not a whole number of vectors (an NCHW conv2d's 56
-    columns are 7 ymm, half the machine's width, while its 64 output channels are 4 full zmm).
-    None when ``S`` cannot be packed along ``m`` or no tile covers ``m`` in whole vectors."""
+    columns are 7 ymm, half the machine's width, while its 64 output channels are 4 full zmm),
+    or always when the tile along ``v`` leaves a partial vector (``ragged_v``; a 31-column
+    conv2d: 20 GFLOP/s with a 31-lane vector along v, 102 across its 40 channels in 5 ymm on
+    one Zen 4 core). Half-width vectors where full ones do not divide ``m``, worth their
+    :func:`fma_share`. None when ``S`` cannot be packed along ``m`` or no tile covers ``m``
+    in whole vectors."""
     full = max(1, target.vector_bits // 32)
     m_ext, v_ext = f.extents[m], f.extents[v]
-    if not _pure(s_op) or m_ext % full:
+    if not _pure(s_op):
         return None
+    # half-width vectors only where full ones do not divide m (40 channels: 5 ymm)
+    lanes = full if m_ext % full == 0 or full < 8 else full // 2
     best, best_score = None, 0.0
-    for nv in range(1, 5):
-        if m_ext % (nv * full):
-            continue
-        # registers LLVM keeps for the broadcasts it shares between overlapping window
-        # taps: 14 x 2 accumulators spill, 10 x 2 do not
-        for mr in range(1, min(v_ext, (vector_registers(target) - nv - 8) // nv) + 1):
-            # S's vectors stream from L2 (its panel spans the whole reduction), V's
-            # broadcasts hit L1: an S load costs more
-            score = mr * nv / (mr + ACROSS_S_LOAD_COST * nv) * (0.6 if v_ext % mr else 1.0)
-            if mr * nv < 8:
-                score *= 0.7
-            if score > best_score:
-                best, best_score = (mr, nv, full), score
-    if best is None:
-        return None
+    if m_ext % lanes == 0:
+        for nv in range(1, 5 if lanes == full else 8):
+            if m_ext % (nv * lanes):
+                continue
+            # registers LLVM keeps for the broadcasts it shares between overlapping window
+            # taps: 14 x 2 accumulators spill, 10 x 2 do not
+            for mr in range(1, min(v_ext, (vector_registers(target) - nv - 8) // nv) + 1):
+                # S's vectors stream from L2 (its panel spans the whole reduction), V's
+                # broadcasts hit L1: an S load costs more
+                score = (mr * nv / (mr + ACROSS_S_LOAD_COST * nv) * fma_share(target, lanes)
+                         * (0.6 if v_ext % mr else 1.0))
+                if mr * nv < 8:
+                    score *= 0.7
+                if score > best_score:
+                    best, best_score = (mr, nv, lanes), score
+    if best is None or ragged_v:  # along v, a partial vector: slower than any of these
+        return best
     # the same measure the tile along v was chosen by, so the two compare
-    mr, nv, _ = best
-    alike = _merit(mr, nv) * (0.6 if v_ext % mr else 1.0)
+    mr, nv, lanes = best
+    alike = _merit(mr, nv) * fma_share(target, lanes) * (0.6 if v_ext % mr else 1.0)
     return best if alike > ACROSS_M_MARGIN * score_along_v else None
+
+
+def _ragged(extent_: int, width: int, lanes: int) -> bool:
+    """Whether ``width`` lanes in vectors of ``lanes`` leave a partial vector over
+    ``extent_`` (a guard, or an odd-width vector, inside the reduction)."""
+    return bool(extent_ % min(width, extent_) or (width > extent_ and extent_ % lanes))
+
+
+def fma_share(target, lanes: int) -> float:
+    """The fp32 FLOPs an FMA of ``lanes`` lanes does, as a share of a full-width one's:
+    where the FMA units are narrower than the registers (Zen 4 splits a zmm FMA in two
+    256-bit halves) a half-width FMA does as much per cycle as a full one."""
+    full = max(1, target.vector_bits // 32)
+    unit = target.fma_bits // 32 if target.fma_units else full
+    return min(lanes, unit) / min(full, unit)
 
 
 def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Detail:

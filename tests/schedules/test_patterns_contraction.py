@@ -272,6 +272,46 @@ def test_user_conv2d_vectors_across_output_channels(geo, dtype):
     assert why.fell_to_generic() == []
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [(2, 5, 40, 7, 31, 5, 5, 2), (1, 3, 24, 5, 13, 3, 3, 1),
+                                 (3, 2, 8, 4, 7, 3, 1, 0)], ids=str)
+def test_user_conv2d_half_width_vectors_across_channels(geo, dtype):
+    """Rows no tile covers in whole vectors (31, 13, 7 columns) and channels full registers
+    do not divide (40 = 5 ymm with AVX-512): the tile holds the channels in half-width
+    vectors rather than keep a partial vector inside the reduction; prime widths, 5x5 and
+    3x1 windows, batch > 1, checked against the float64 reference."""
+    why = _run_conv(geo, dtype, 43, "conv2d, half-width vectors across channels")
+    note = _stage_why(why, "conv")
+    full = targets.current().vector_bits // 32
+    lanes = full if geo[2] % full == 0 or full < 8 else full // 2
+    assert "vectors along v_o" in note and f"vectors of {lanes} " in note, note
+
+
+@pytest.mark.parametrize("name", ["znver4", "sapphirerapids", "x86-avx2"])
+def test_a_ragged_row_takes_the_channels_on_every_target(name):
+    """The 31-column, 40-channel conv2d (20 GFLOP/s along its rows on one Zen 4 core, 102
+    across its channels) goes across the channels whatever the target's vector and FMA
+    width."""
+    import tvm
+
+    from schedules.patterns.analysis import block_facts
+    from schedules.patterns.contraction import _across_m, _ragged, fma_share, roles, scored_tile
+
+    tgt = targets.get(name)
+    x, wt, y = _conv2d(2, 24, 40, 31, 31, 5, 5, 2, "float32")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, wt, y]))
+    f = block_facts(sch, sch.get_sblock("conv"))
+    s_op, v_op, m, v, _ = roles(f)
+    (_, nv, lanes), along_v = scored_tile(tgt, f.extents[m], f.extents[v])
+    assert _ragged(31, nv * lanes, lanes)
+    mr, nv, lanes = _across_m(tgt, f, s_op, m, v, along_v, ragged_v=True)
+    full, regs = tgt.vector_bits // 32, 32 if tgt.vector_bits >= 512 else 16
+    assert lanes == (full if 40 % full == 0 else full // 2), lanes  # 5 ymm, or AVX2's 5
+    assert 40 % (nv * lanes) == 0 and mr * nv + nv + 8 <= regs, (mr, nv, lanes)
+    # a half-width FMA does as much as a full one where the FMA units are half-width
+    assert fma_share(tgt, full // 2) == (1.0 if name == "znver4" else 0.5)
+
+
 def test_user_conv2d_across_channels_bias_relu_and_rows_inside():
     """The channel-lane tile fuses a bias + ReLU epilogue into its transposing write-back,
     and computes the padding rows each parallel row reads inside that row's iteration."""
