@@ -41,6 +41,21 @@ def vars_of(expr) -> set[str]:
     return {v.name for v in _walk(expr, Var)}
 
 
+def stride_in(index, var: str) -> int | None:
+    """Stride of ``index`` in iterator ``var`` (0 when it does not use it, None when not
+    linear)."""
+    from tvm.ir.prim.expr import Var
+    from tvm.sym.pattern import detect_linear_equation
+
+    vs = [v for v in _walk(index, Var) if v.name == var]
+    if not vs:
+        return 0
+    res = detect_linear_equation(index, [vs[0]])
+    if len(res) != 2 or not hasattr(res[0], "value"):
+        return None
+    return int(res[0].value)
+
+
 def _is_guarded(expr) -> bool:
     from tvm.ir.expr import Call
     from tvm.ir.prim.expr import Select

@@ -287,6 +287,18 @@ def test_user_conv2d_half_width_vectors_across_channels(geo, dtype):
     assert "vectors along v_o" in note and f"vectors of {lanes} " in note, note
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [(2, 8, 32, 5, 14, 3, 3, 1), (1, 4, 48, 3, 7, 1, 1, 0),
+                                 (1, 3, 16, 6, 9, 2, 4, 1)], ids=str)
+def test_across_channels_weights_packed_in_transposed_blocks(geo, dtype):
+    """The channel-lane tile's weights ``[co, ci, kh, kw]`` are packed ``[co // w, ci, kh,
+    kw, co % w]`` in blocks of (ci, kh, kw) steps by a vector of channels (blocks of 8 and
+    of 4 steps); 3x3, 1x1 and 2x4 windows, against the float64 reference."""
+    why = _run_conv(geo, dtype, 47, "conv2d, weights packed in transposed blocks")
+    note = _stage_why(why, "conv")
+    assert "vectors along v_o" in note and "transposed in blocks" in note, note
+
+
 @pytest.mark.parametrize("name", ["znver4", "sapphirerapids", "x86-avx2"])
 def test_a_ragged_row_takes_the_channels_on_every_target(name):
     """The 31-column, 40-channel conv2d (20 GFLOP/s along its rows on one Zen 4 core, 102
