@@ -89,8 +89,16 @@ class Access:
         return all(len(vs) == 1 and str(ix) in vs for ix, vs in zip(self.indices,
                                                                      self.index_vars))
 
+    grouped: dict = field(default_factory=dict)  # iterator -> K where only ``i // K`` reads
+
     def all_vars(self) -> set[str]:
         return set().union(*self.index_vars) if self.index_vars else set()
+
+    def reuse_vars(self) -> set[str]:
+        """The iterators that move this load: every one but those it reads only by group
+        (``o // K``: a grouped conv2d's input channel block), whose value is the same across
+        each group of ``K`` iterations, as a tile inside one group sees."""
+        return self.all_vars() - set(self.grouped)
 
 
 @dataclass
@@ -119,7 +127,27 @@ class BlockFacts:
 def _access(load) -> Access:
     buf = load.source
     return Access(buf.name, tuple(int(d) for d in buf.shape), str(buf.dtype), list(load.indices),
-                  [vars_of(ix) for ix in load.indices])
+                  [vars_of(ix) for ix in load.indices], _grouped(load.indices))
+
+
+def _grouped(indices) -> dict:
+    """``{iterator: K}`` for each iterator these indices use only as ``iterator // K``
+    (``K`` a constant above 1, the same everywhere)."""
+    from tvm.ir.prim.expr import FloorDiv, IntImm, Var
+
+    divs: dict = {}
+    for ix in indices:
+        for d in _walk(ix, FloorDiv):
+            if isinstance(d.a, Var) and isinstance(d.b, IntImm) and int(d.b.value) > 1:
+                divs.setdefault(d.a.name, set()).add(int(d.b.value))
+    out = {}
+    for name, ks in divs.items():
+        bare = sum(1 for ix in indices for v in _walk(ix, Var) if v.name == name)
+        inside = sum(1 for ix in indices for d in _walk(ix, FloorDiv)
+                     if isinstance(d.a, Var) and d.a.name == name)
+        if len(ks) == 1 and bare == inside:
+            out[name] = ks.pop()
+    return out
 
 
 def block_facts(sch, block) -> BlockFacts:
@@ -209,7 +237,7 @@ def _classify_reduction(f: BlockFacts, body) -> None:
         a, b = _access(ops[0]), _access(ops[1])
         red = set(f.reduce)
         sp = {v for v in f.spatial if f.extents[v] > 1}
-        only_a, only_b = (sp & a.all_vars()) - b.all_vars(), (sp & b.all_vars()) - a.all_vars()
+        only_a, only_b = (sp & a.all_vars()) - b.reuse_vars(), (sp & b.all_vars()) - a.reuse_vars()
         if red & a.all_vars() and red & b.all_vars() and only_a and only_b:
             f.kind, f.operands = "contraction", (a, b)
             windowed = any(len(vs) > 1 for acc in (a, b) for vs in acc.index_vars)

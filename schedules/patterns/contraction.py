@@ -28,6 +28,8 @@ stage ``V`` comes from is then computed inside each parallel row.
 
 from __future__ import annotations
 
+import math
+
 from schedules.patterns.analysis import stride_in
 from schedules.patterns.common import Detail, extent, product
 
@@ -58,7 +60,7 @@ def roles(f):
 
     def m_of(s_op, v_op):
         ms = [x for x in f.spatial if f.extents[x] > 1 and x in s_op.all_vars()
-              and x not in v_op.all_vars() and x != v]
+              and x not in v_op.reuse_vars() and x != v]
         return ms[-1] if ms else None
 
     for s_op, v_op in ((a, b), (b, a)):
@@ -245,7 +247,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     # an unpadded ragged tile along v keeps a partial vector inside the reduction
     ragged_v = not einsum and _ragged(f.extents[v], nv * lanes, lanes)
     across = None if split or transposed else _across_m(target, f, s_op, m, v, score,
-                                                         ragged_v)
+                                                         ragged_v, v_op.grouped.get(m))
     if across is not None:
         return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
                                   epilogue)
@@ -330,7 +332,7 @@ def _merit(rows: int, vectors: int) -> float:
 
 
 def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
-              ragged_v: bool = False):
+              ragged_v: bool = False, group: int | None = None):
     """``(mr, nv, lanes)`` of the tile with its vectors along ``m`` instead of ``v`` (``mr``
     output positions along ``v``, each a broadcast of ``V``; ``nv`` vectors of ``S`` packed
     along ``m``), when it beats the tile along ``v`` by :data:`ACROSS_M_MARGIN`: a windowed
@@ -340,9 +342,13 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
     conv2d: 20 GFLOP/s with a 31-lane vector along v, 102 across its 40 channels in 5 ymm on
     one Zen 4 core). Half-width vectors where full ones do not divide ``m``, worth their
     :func:`fma_share`. None when ``S`` cannot be packed along ``m`` or no tile covers ``m``
-    in whole vectors."""
+    in whole vectors. ``group``: ``V`` reads ``m`` only as ``m // group`` (a grouped
+    conv2d's input channels), so a tile's ``nv`` vectors must lie in one group, where that
+    read is one broadcast."""
     full = max(1, target.vector_bits // 32)
     m_ext, v_ext = f.extents[m], f.extents[v]
+    if group:
+        m_ext = math.gcd(m_ext, group)  # the tile's vectors divide the group
     if not _pure(s_op):
         return None
     # half-width vectors only where full ones do not divide m (40 channels: 5 ymm)

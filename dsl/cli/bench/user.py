@@ -168,29 +168,36 @@ def _conv2d_fwd(d) -> Case:
     from tvm import te
 
     n, c, k, hw, ks, p = d["n"], d["c"], d["k"], d["hw"], d["ks"], d["pad"]
-    st = d.get("stride", 1)
+    st, g = d.get("stride", 1), d.get("groups", 1)
+    cg, kg = c // g, k // g
     out = _conv_out(d)
     x = te.placeholder((n, c, hw, hw), name="x")
-    w = te.placeholder((k, c, ks, ks), name="w")
+    w = te.placeholder((k, cg, ks, ks), name="w")
     xp = te.compute((n, c, hw + 2 * p, hw + 2 * p), lambda b, ci, h, v: te.if_then_else(
         te.all(h >= p, h < hw + p, v >= p, v < hw + p), x[b, ci, h - p, v - p], 0.0),
         name="pad")
-    rc, ry, rx = (te.reduce_axis((0, e), name=nm) for e, nm in ((c, "rc"), (ks, "ry"),
+    rc, ry, rx = (te.reduce_axis((0, e), name=nm) for e, nm in ((cg, "rc"), (ks, "ry"),
                                                                 (ks, "rx")))
+
+    def channel(co, rc):  # the input channel output channel co reads (its group's rc-th)
+        return co // kg * cg + rc if g > 1 else rc
+
     y = te.compute((n, k, out, out), lambda b, co, h, v: te.sum(
-        xp[b, rc, h * st + ry, v * st + rx] * w[co, rc, ry, rx], axis=[rc, ry, rx]),
-        name="conv2d")
-    xv, wv = _data((n, c, hw, hw), 8), _data((k, c, ks, ks), 9)
+        xp[b, channel(co, rc), h * st + ry, v * st + rx] * w[co, rc, ry, rx],
+        axis=[rc, ry, rx]), name="conv2d")
+    xv, wv = _data((n, c, hw, hw), 8), _data((k, cg, ks, ks), 9)
 
     def numpy_fn():
         win = np.lib.stride_tricks.sliding_window_view(
             np.pad(xv, ((0, 0), (0, 0), (p, p), (p, p))), (ks, ks), axis=(2, 3))
         win = win[:, :, ::st, ::st]
-        return np.tensordot(win, wv, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2)
+        return np.concatenate([np.tensordot(win[:, i * cg:(i + 1) * cg], wv[i * kg:(i + 1) * kg],
+                                            axes=([1, 4, 5], [1, 2, 3])) for i in range(g)],
+                              axis=-1).transpose(0, 3, 1, 2)
 
     def torch_fn(torch):
         tx, tw = torch.from_numpy(xv), torch.from_numpy(wv)
-        return lambda: torch.nn.functional.conv2d(tx, tw, stride=st, padding=p)
+        return lambda: torch.nn.functional.conv2d(tx, tw, stride=st, padding=p, groups=g)
 
     return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
 
@@ -200,7 +207,7 @@ def _conv_out(d) -> int:
 
 
 def _conv_flops(d) -> float:
-    return 2.0 * d["n"] * d["k"] * d["c"] * d["ks"] ** 2 * _conv_out(d) ** 2
+    return 2.0 * d["n"] * d["k"] * d["c"] // d.get("groups", 1) * d["ks"] ** 2 * _conv_out(d) ** 2
 
 
 # --- memory-bound rows (vector DSL and plain TE) -------------------------------------------
@@ -465,6 +472,10 @@ def specs() -> list[Spec]:
              {"full": {"n": 2, "c": 24, "k": 40, "hw": 31, "ks": 5, "pad": 2},
               "tiny": {"n": 2, "c": 5, "k": 24, "hw": 7, "ks": 5, "pad": 2}}, _conv2d_fwd,
              _conv_flops),
+        Spec("conv2d_nchw_3x3_g4_28x28x128", "conv2d",
+             {"full": {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 4},
+              "tiny": {"n": 2, "c": 8, "k": 16, "hw": 6, "ks": 3, "pad": 1, "groups": 2}},
+             _conv2d_fwd, _conv_flops),
         Spec("softmax_4096x1024", "softmax", {"full": {"rows": 4096, "cols": 1024},
                                               "tiny": {"rows": 5, "cols": 37}}, _softmax,
              lambda d: 5.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1)),
