@@ -18,7 +18,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from schedules.patterns import contraction, fastmath, injective, reduction  # noqa: F401
+from schedules.patterns import contraction, fastmath, injective, reduction, window  # noqa: F401
 from schedules.patterns.analysis import all_facts, consumers_of, output_blocks
 from schedules.patterns.common import attempt
 
@@ -109,12 +109,22 @@ def _match_reduction(where):
         f = facts[name]
         if f.kind not in ("reduction", "contraction"):
             return None
-        if f.kind == "reduction" and getattr(f, "extra_where", "") != where:
+        # a window reduction the window rule refused is vectorised along its output
+        found = getattr(f, "extra_where", "")
+        if f.kind == "reduction" and found != where and (found, where) != ("window", "outer"):
             return None
         how = ("rows across cores" if where == "innermost"
                else "a vector tile of the contiguous output axis accumulated in registers")
         return [name], f"{f.why}: {how}"
     return match
+
+
+def _match_window(facts, name, outputs):
+    f = facts[name]
+    if f.kind != "reduction" or getattr(f, "extra_where", "") != "window":
+        return None
+    return [name], (f"{f.why}, windowed along the output's innermost axis (a depthwise "
+                    "convolution or a window sum)")
 
 
 def _match_injective(facts, name, outputs):
@@ -130,6 +140,8 @@ RULES = (
                 _apply_contraction),
     PatternRule("patterns.contraction", _match_contraction, _apply_contraction),
     PatternRule("patterns.row_reduction", _match_row_group, _apply_row_group),
+    PatternRule("patterns.window", _match_window,
+                lambda sch, n, facts, t: window.schedule_window(sch, n[0], facts, t)),
     PatternRule("patterns.inner_reduction", _match_reduction("innermost"),
                 lambda sch, n, facts, t: reduction.schedule_inner_reduction(sch, n[0], facts,
                                                                             t)),

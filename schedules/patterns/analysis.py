@@ -249,8 +249,19 @@ def _classify_reduction(f: BlockFacts, body) -> None:
     big = max(f.reads, key=lambda acc: _elems(acc.shape), default=None)
     inner = big.index_vars[-1] if big is not None and big.index_vars else set()
     where = "innermost" if inner & set(f.reduce) else "outer"
+    if where == "innermost" and _windowed_along_output(f, big):
+        where = "window"
     f.why = f"reduction iterators {f.reduce} over the {where} axis of its input"
     f.extra_where = where  # type: ignore[attr-defined]
+
+
+def _windowed_along_output(f: BlockFacts, big: Access) -> bool:
+    """Whether ``big``'s innermost index moves by one with the output's innermost iterator
+    while a reduction of more than one step also moves it (``x[.., i + ry, j + rx]``: a
+    depthwise conv2d, a window sum or max; :mod:`schedules.patterns.window`)."""
+    last = f.write_vars[-1] if f.write_vars else set()
+    taps = [r for r in big.all_vars() & set(f.reduce) if f.extents[r] > 1]
+    return bool(taps) and len(last) == 1 and stride_in(big.indices[-1], next(iter(last))) == 1
 
 
 def root_blocks(sch) -> list:

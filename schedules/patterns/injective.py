@@ -25,7 +25,8 @@ def inline_stages(sch, facts: dict, outputs: set, workload) -> list[str]:
         if not f.injective or name in outputs:
             continue
         users = consumers_of(facts, name)
-        if any(facts[u].kind == "contraction" for u in users):
+        if any(facts[u].kind == "contraction" or getattr(facts[u], "extra_where", "") ==
+               "window" for u in users):
             kept.append(name)
             continue
         if f.costly and len(users) > 1 and any(facts[u].reduce for u in users):

@@ -202,6 +202,34 @@ def _conv2d_fwd(d) -> Case:
     return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
 
 
+def _depthwise_fwd(d) -> Case:
+    """A depthwise NCHW conv2d (one channel a group) as a user writes it: a window sum."""
+    from tvm import te
+
+    n, c, hw, ks, p = d["n"], d["c"], d["hw"], d["ks"], d["pad"]
+    out = hw + 2 * p - ks + 1
+    x = te.placeholder((n, c, hw, hw), name="x")
+    w = te.placeholder((c, 1, ks, ks), name="w")
+    xp = te.compute((n, c, hw + 2 * p, hw + 2 * p), lambda b, ci, h, v: te.if_then_else(
+        te.all(h >= p, h < hw + p, v >= p, v < hw + p), x[b, ci, h - p, v - p], 0.0),
+        name="pad")
+    ry, rx = te.reduce_axis((0, ks), name="ry"), te.reduce_axis((0, ks), name="rx")
+    y = te.compute((n, c, out, out), lambda b, ci, h, v: te.sum(
+        xp[b, ci, h + ry, v + rx] * w[ci, 0, ry, rx], axis=[ry, rx]), name="depthwise")
+    xv, wv = _data((n, c, hw, hw), 10), _data((c, 1, ks, ks), 11)
+
+    def numpy_fn():
+        win = np.lib.stride_tricks.sliding_window_view(
+            np.pad(xv, ((0, 0), (0, 0), (p, p), (p, p))), (ks, ks), axis=(2, 3))
+        return np.einsum("nchwij,cij->nchw", win, wv[:, 0])
+
+    def torch_fn(torch):
+        tx, tw = torch.from_numpy(xv), torch.from_numpy(wv)
+        return lambda: torch.nn.functional.conv2d(tx, tw, padding=p, groups=c)
+
+    return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
+
+
 def _conv_out(d) -> int:
     return (d["hw"] + 2 * d["pad"] - d["ks"]) // d.get("stride", 1) + 1
 
@@ -476,6 +504,11 @@ def specs() -> list[Spec]:
              {"full": {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 4},
               "tiny": {"n": 2, "c": 8, "k": 16, "hw": 6, "ks": 3, "pad": 1, "groups": 2}},
              _conv2d_fwd, _conv_flops),
+        Spec("depthwise_nchw_3x3_56x56x64", "window",
+             {"full": {"n": 1, "c": 64, "hw": 56, "ks": 3, "pad": 1},
+              "tiny": {"n": 2, "c": 3, "hw": 8, "ks": 3, "pad": 1}}, _depthwise_fwd,
+             lambda d: 2.0 * d["n"] * d["c"] * d["hw"] ** 2 * d["ks"] ** 2,
+             lambda d: 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
         Spec("softmax_4096x1024", "softmax", {"full": {"rows": 4096, "cols": 1024},
                                               "tiny": {"rows": 5, "cols": 37}}, _softmax,
              lambda d: 5.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1)),

@@ -1,0 +1,121 @@
+"""Window reductions: a depthwise conv2d, a window sum or max, written by a user.
+
+A reduction whose largest input moves by one along the output's innermost axis ``j`` as
+well as along its reduction iterators (``x[.., i + ry, j + rx]``) gets nothing from vectors
+along the taps (a 3-tap row is not a vector) and nothing from a register tile across
+channels (a depthwise channel reads only itself). It is vectorised along ``j`` instead, a
+``ri x nv`` tile of output rows by vectors in registers for the whole window: the taps loop
+around the vectors, unrolled when few, so the rows of one tile load each input row once per
+tap column (LLVM merges the loads that ``i + ry`` makes equal), and the tile is written
+once. A padding stage the window reads is computed inside each parallel task, for its rows
+only, so it is read from cache, not from a pass over memory of its own.
+"""
+
+from __future__ import annotations
+
+from schedules.patterns.analysis import stride_in
+from schedules.patterns.common import Detail, extent, product
+
+UNROLL_TAPS = 64  # taps unrolled around the tile at most (a 7x7 window is 49)
+TILE_ROWS = 8  # output rows of one tile at most
+
+
+def _big(f):
+    return max(f.reads, key=lambda acc: product(acc.shape), default=None)
+
+
+def _lanes(target, dtype: str, n: int) -> int:
+    """The widest vector (full, half or quarter width, at least 4 lanes) dividing ``n``."""
+    lanes = target.lanes(dtype)
+    while lanes >= 4 and n % lanes:
+        lanes //= 2
+    if lanes < 4:
+        raise ValueError(f"no vector of 4 or more lanes divides the row of {n}")
+    return lanes
+
+
+def _row_var(f, big) -> str | None:
+    """The output axis before ``j`` that ``big``'s next-to-innermost index follows with
+    stride 1 (the rows ``i`` of ``x[.., i + ry, j + rx]``), if any."""
+    if len(big.indices) < 2 or len(f.spatial) < 2:
+        return None
+    i = f.spatial[-2]
+    return i if stride_in(big.indices[-2], i) == 1 else None
+
+
+def _tile(target, f, i: str | None, j: str, lanes: int) -> tuple[int, int]:
+    """``(rows, vectors)`` of the register tile: as many rows as divide ``i`` (up to
+    :data:`TILE_ROWS`), then as many vectors of the row as the accumulators left allow."""
+    budget = 24 if target.vector_bits >= 512 else 10
+    rows_ext = f.extents[i] if i else 1
+    rows = max(r for r in range(1, min(TILE_ROWS, rows_ext, budget) + 1) if rows_ext % r == 0)
+    nvj = f.extents[j] // lanes
+    nv = max(v for v in range(1, nvj + 1) if nvj % v == 0 and rows * v <= budget)
+    return rows, nv
+
+
+def schedule_window(sch, name: str, facts: dict, target) -> Detail:
+    """Schedule window reduction ``name`` (see the module docstring)."""
+    f = facts[name]
+    big = _big(f)
+    j = next(iter(f.write_vars[-1]))
+    i = _row_var(f, big)
+    lanes = _lanes(target, f.out_dtype, f.extents[j])
+    rows, nv = _tile(target, f, i, j, lanes)
+    blk = sch.get_sblock(name)
+    by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
+    j_o, j_v, j_l = sch.split(by[j], [None, nv, lanes])
+    i_o, i_r = sch.split(by[i], [None, rows]) if i else (None, None)
+    outer = [by[x] for x in f.spatial if x not in (i, j)] + ([i_o] if i_o else [])
+    red = [by[x] for x in f.reduce]
+    tile = [lp for lp in (i_r, j_v, j_l) if lp is not None]
+    sch.reorder(*outer, j_o, *red, *tile)
+    task = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else j_o)
+    if target.cores > 1 and extent(sch, task) >= 2 and product(f.extents.values()) >= 1 << 15:
+        sch.parallel(task)
+    wb = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(wb, j_o, preserve_unit_loops=True)
+    for lp in tile[:-1]:
+        sch.unroll(lp)
+    sch.vectorize(j_l)
+    taps = product(f.extents[x] for x in f.reduce)
+    if taps <= UNROLL_TAPS:
+        for lp in red:
+            sch.unroll(lp)
+    inside = _producers_inside(sch, blk, big, task, target)
+    sch.decompose_reduction(blk, red[0])
+    _vector_write_back(sch, wb, lanes)
+    return Detail(f"vectors of {lanes} along {j}, a tile of {rows} rows x {nv} vectors in "
+                  f"registers for the whole window"
+                  + (", its taps unrolled" if taps <= UNROLL_TAPS else "")
+                  + (f"; {', '.join(inside)} computed per parallel task" if inside else ""),
+                  also=tuple(inside))
+
+
+def _producers_inside(sch, blk, big, loop, target) -> list[str]:
+    """Compute the injective stage that writes ``big`` (a padding stage) inside each
+    iteration of ``loop``, for the rows that iteration reads."""
+    from schedules.patterns.analysis import block_facts
+
+    moved = []
+    for prod in sch.get_producers(blk):
+        pf = block_facts(sch, prod)
+        if pf.out_buffer != big.buffer or not pf.injective or len(sch.get_consumers(prod)) > 1:
+            continue
+        sch.compute_at(prod, loop, preserve_unit_loops=True)
+        inner = sch.get_loops(prod)[-1]
+        width = target.lanes(pf.out_dtype)
+        if extent(sch, inner) >= width:
+            sch.vectorize(sch.split(inner, [None, width])[-1])
+        moved.append(pf.name)
+    return moved
+
+
+def _vector_write_back(sch, wb, lanes: int) -> None:
+    """The tile's write-back: its innermost (row) axis in vectors, the rest unrolled."""
+    loops = sch.get_loops(wb)
+    inner = loops[-1]
+    if extent(sch, inner) > lanes and extent(sch, inner) % lanes == 0:
+        whole, inner = sch.split(inner, [None, lanes])
+        sch.unroll(whole)
+    sch.vectorize(inner)

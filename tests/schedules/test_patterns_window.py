@@ -1,0 +1,89 @@
+"""Pattern rule for window reductions: a depthwise conv2d (NCHW, padded), a window max and a
+1-D moving sum written as a user would, vectorised along the output row with a tile of rows
+in registers; odd, prime and short rows (the rule refuses rows no vector of 4 or more lanes
+divides: the outer-reduction rule takes them), batch > 1, fp32 and fp16, against numpy
+float64."""
+
+import numpy as np
+import pytest
+from pattern_helpers import build_run, check, rand
+from tvm import te
+
+import targets
+
+
+def _depthwise(n, c, h, w, kh, kw, ph, pw, dtype):
+    x = te.placeholder((n, c, h, w), name="x", dtype=dtype)
+    wt = te.placeholder((c, 1, kh, kw), name="w", dtype=dtype)
+    xp = te.compute((n, c, h + 2 * ph, w + 2 * pw), lambda b, o, i, j: te.if_then_else(
+        te.all(i >= ph, i < h + ph, j >= pw, j < w + pw), x[b, o, i - ph, j - pw],
+        te.const(0, dtype)), name="xpad")
+    ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
+    y = te.compute((n, c, h + 2 * ph - kh + 1, w + 2 * pw - kw + 1), lambda b, o, i, j: te.sum(
+        xp[b, o, i + ry, j + rx] * wt[o, 0, ry, rx], axis=[ry, rx]), name="dw")
+    return x, wt, y
+
+
+def _ref_depthwise(xn, wn, ph, pw):
+    x = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
+    _, _, kh, kw = wn.shape
+    ho, wo = x.shape[2] - kh + 1, x.shape[3] - kw + 1
+    out = np.zeros((x.shape[0], x.shape[1], ho, wo))
+    for i in range(kh):
+        for j in range(kw):
+            out += x[:, :, i:i + ho, j:j + wo] * wn[None, :, 0, i, j, None, None]
+    return out
+
+
+def _lanes_dividing(w: int, dtype: str) -> int:
+    lanes = targets.current().lanes(dtype)
+    while lanes >= 4 and w % lanes:
+        lanes //= 2
+    return lanes if lanes >= 4 else 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [(1, 5, 56, 56, 3, 3, 1, 1), (2, 3, 9, 16, 5, 5, 2, 2),
+                                 (2, 7, 11, 12, 3, 1, 1, 0), (1, 4, 6, 29, 3, 3, 1, 1),
+                                 (3, 2, 5, 7, 2, 2, 0, 0)], ids=str)
+def test_depthwise_conv2d(geo, dtype):
+    """Rows of 56 (7 half-width vectors with AVX-512), 16, 12 (quarter width), 29 and 7 (no
+    vector divides them: the outer-reduction rule), 3x3 / 5x5 / 3x1 / 2x2 windows, the
+    padding stage computed inside each task."""
+    n, c, h, w, kh, kw, ph, pw = geo
+    rng = np.random.default_rng(61)
+    x, wt, y = _depthwise(n, c, h, w, kh, kw, ph, pw, dtype)
+    xn, wn = rand((n, c, h, w), dtype, rng), rand((c, 1, kh, kw), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    check(out, _ref_depthwise(xn, wn, ph, pw), dtype, f"depthwise {geo}")
+    wo = w + 2 * pw - kw + 1
+    lanes = _lanes_dividing(wo, dtype)
+    if lanes:
+        assert why.rule_of("dw") == "patterns.window", str(why)
+        assert f"vectors of {lanes} along v_j" in dict((s, t) for s, _, t in why.stages)["dw"]
+        if ph or pw:
+            assert why.rule_of("xpad") == "patterns.window", str(why)
+    else:
+        assert why.rule_of("dw") == "patterns.outer_reduction", str(why)
+    assert why.fell_to_generic() == []
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_window_max_and_moving_sum(dtype):
+    """A 3x3 window max (no padding, any reducer) and a 1-D moving sum of 5 (no rows axis)."""
+    rng = np.random.default_rng(67)
+    x = te.placeholder((2, 3, 10, 34), name="x", dtype=dtype)
+    ry, rx = te.reduce_axis((0, 3), name="ry"), te.reduce_axis((0, 3), name="rx")
+    mx = te.compute((2, 3, 8, 32), lambda b, c, i, j: te.max(x[b, c, i + ry, j + rx],
+                                                             axis=[ry, rx]), name="wmax")
+    s = te.placeholder((5, 68), name="s", dtype=dtype)
+    k = te.reduce_axis((0, 5), name="k")
+    ms = te.compute((5, 64), lambda r, j: te.sum(s[r, j + k], axis=k), name="msum")
+    xn, sn = rand((2, 3, 10, 34), dtype, rng), rand((5, 68), dtype, rng)
+    (o1, o2), why = build_run([mx, ms], [x, s], [xn, sn])
+    win = np.lib.stride_tricks.sliding_window_view(xn.astype(np.float64), (3, 3), axis=(2, 3))
+    check(o1, win.max(axis=(-2, -1)), dtype, "window max")
+    mov = np.lib.stride_tricks.sliding_window_view(sn.astype(np.float64), 5, axis=1)
+    check(o2, mov.sum(-1), dtype, "moving sum")
+    assert why.rule_of("wmax") == "patterns.window", str(why)
+    assert why.rule_of("msum") == "patterns.window", str(why)
