@@ -255,13 +255,21 @@ def _classify_reduction(f: BlockFacts, body) -> None:
     f.extra_where = where  # type: ignore[attr-defined]
 
 
+# Output strides along the row a window reduction is vectorised at: a vector of a stride-2
+# window loads two and keeps every other lane (one permute), still far ahead of one lane at a
+# time.
+WINDOW_STRIDES = (1, 2)
+
+
 def _windowed_along_output(f: BlockFacts, big: Access) -> bool:
     """Whether ``big``'s innermost index moves by one with the output's innermost iterator
     while a reduction of more than one step also moves it (``x[.., i + ry, j + rx]``: a
     depthwise conv2d, a window sum or max; :mod:`schedules.patterns.window`)."""
     last = f.write_vars[-1] if f.write_vars else set()
     taps = [r for r in big.all_vars() & set(f.reduce) if f.extents[r] > 1]
-    return bool(taps) and len(last) == 1 and stride_in(big.indices[-1], next(iter(last))) == 1
+    if not taps or len(last) != 1:
+        return False
+    return stride_in(big.indices[-1], next(iter(last))) in WINDOW_STRIDES
 
 
 def root_blocks(sch) -> list:

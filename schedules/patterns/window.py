@@ -40,7 +40,7 @@ def _row_var(f, big) -> str | None:
     if len(big.indices) < 2 or len(f.spatial) < 2:
         return None
     i = f.spatial[-2]
-    return i if stride_in(big.indices[-2], i) == 1 else None
+    return i if (stride_in(big.indices[-2], i) or 0) > 0 else None
 
 
 def _tile(target, f, i: str | None, j: str, lanes: int) -> tuple[int, int]:
@@ -63,6 +63,7 @@ def schedule_window(sch, name: str, facts: dict, target) -> Detail:
     lanes = _lanes(target, f.out_dtype, f.extents[j])
     rows, nv = _tile(target, f, i, j, lanes)
     blk = sch.get_sblock(name)
+    phased = _phase_split(sch, blk, big, stride_in(big.indices[-1], j))
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
     j_o, j_v, j_l = sch.split(by[j], [None, nv, lanes])
     i_o, i_r = sch.split(by[i], [None, rows]) if i else (None, None)
@@ -87,9 +88,34 @@ def schedule_window(sch, name: str, facts: dict, target) -> Detail:
     _vector_write_back(sch, wb, lanes)
     return Detail(f"vectors of {lanes} along {j}, a tile of {rows} rows x {nv} vectors in "
                   f"registers for the whole window"
+                  + (f", {big.buffer} split into {phased} phases along its rows" if phased
+                     else "")
                   + (", its taps unrolled" if taps <= UNROLL_TAPS else "")
                   + (f"; {', '.join(inside)} computed per parallel task" if inside else ""),
                   also=tuple(inside))
+
+
+def _phase_split(sch, blk, big, stride: int) -> int:
+    """Where the window steps the row by ``stride`` > 1 (``x[.., j * 2 + rx]``) and an
+    injective stage writes ``x`` (its padding), lay that stage's rows out as ``[W % s,
+    W // s]``: the window then reads ``[rx % s, j + rx // s]``, whole vectors, instead of
+    every other lane. Returns the stride applied (0: none)."""
+    from tvm.tirx import IndexMap
+
+    from schedules.patterns.analysis import block_facts
+
+    prods = [p for p in sch.get_producers(blk) if block_facts(sch, p).out_buffer == big.buffer
+             and block_facts(sch, p).injective]
+    if stride <= 1 or len(prods) != 1 or big.shape[-1] % stride:
+        return 0
+    idx = next(k for k, r in enumerate(sch.get(blk).reads) if r.source.name == big.buffer)
+    split = IndexMap.from_func(lambda *ix: [*ix[:-1], ix[-1] % stride, ix[-1] // stride],
+                               ndim=len(big.shape), index_dtype="int32")
+    sch.transform_layout(blk, ("read", idx), split)
+    # the stage iterates in its new layout: it writes whole vectors and reads every s-th
+    # element (loads LLVM groups and shuffles), not the other way round (a scatter)
+    sch.transform_block_layout(prods[0], split)
+    return stride
 
 
 def _producers_inside(sch, blk, big, loop, target) -> list[str]:

@@ -12,26 +12,29 @@ from tvm import te
 import targets
 
 
-def _depthwise(n, c, h, w, kh, kw, ph, pw, dtype):
+def _depthwise(n, c, h, w, kh, kw, ph, pw, dtype, stride=1):
     x = te.placeholder((n, c, h, w), name="x", dtype=dtype)
     wt = te.placeholder((c, 1, kh, kw), name="w", dtype=dtype)
     xp = te.compute((n, c, h + 2 * ph, w + 2 * pw), lambda b, o, i, j: te.if_then_else(
         te.all(i >= ph, i < h + ph, j >= pw, j < w + pw), x[b, o, i - ph, j - pw],
         te.const(0, dtype)), name="xpad")
     ry, rx = te.reduce_axis((0, kh), name="ry"), te.reduce_axis((0, kw), name="rx")
-    y = te.compute((n, c, h + 2 * ph - kh + 1, w + 2 * pw - kw + 1), lambda b, o, i, j: te.sum(
-        xp[b, o, i + ry, j + rx] * wt[o, 0, ry, rx], axis=[ry, rx]), name="dw")
+    s = stride
+    ho, wo = (h + 2 * ph - kh) // s + 1, (w + 2 * pw - kw) // s + 1
+    y = te.compute((n, c, ho, wo), lambda b, o, i, j: te.sum(
+        xp[b, o, i * s + ry, j * s + rx] * wt[o, 0, ry, rx], axis=[ry, rx]), name="dw")
     return x, wt, y
 
 
-def _ref_depthwise(xn, wn, ph, pw):
+def _ref_depthwise(xn, wn, ph, pw, s=1):
     x = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), (ph, ph), (pw, pw)))
     _, _, kh, kw = wn.shape
-    ho, wo = x.shape[2] - kh + 1, x.shape[3] - kw + 1
+    ho, wo = (x.shape[2] - kh) // s + 1, (x.shape[3] - kw) // s + 1
     out = np.zeros((x.shape[0], x.shape[1], ho, wo))
     for i in range(kh):
         for j in range(kw):
-            out += x[:, :, i:i + ho, j:j + wo] * wn[None, :, 0, i, j, None, None]
+            out += x[:, :, i:i + s * (ho - 1) + 1:s, j:j + s * (wo - 1) + 1:s] * \
+                wn[None, :, 0, i, j, None, None]
     return out
 
 
@@ -87,3 +90,37 @@ def test_window_max_and_moving_sum(dtype):
     check(o2, mov.sum(-1), dtype, "moving sum")
     assert why.rule_of("wmax") == "patterns.window", str(why)
     assert why.rule_of("msum") == "patterns.window", str(why)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [(1, 3, 16, 32, 3, 3, 1, 1), (2, 2, 9, 18, 3, 3, 1, 1),
+                                 (1, 2, 7, 15, 5, 5, 2, 2)], ids=str)
+def test_strided_depthwise_conv2d(geo, dtype):
+    """Stride 2: the padding stage's rows split into two phases where its padded width is
+    even (34, 20: then the window reads whole vectors), read every other lane where odd
+    (19); against the float64 reference."""
+    n, c, h, w, kh, kw, ph, pw = geo
+    rng = np.random.default_rng(71)
+    x, wt, y = _depthwise(n, c, h, w, kh, kw, ph, pw, dtype, stride=2)
+    xn, wn = rand((n, c, h, w), dtype, rng), rand((c, 1, kh, kw), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    check(out, _ref_depthwise(xn, wn, ph, pw, 2), dtype, f"strided depthwise {geo}")
+    note = dict((s, t) for s, _, t in why.stages)["dw"]
+    wo = (w + 2 * pw - kw) // 2 + 1
+    if _lanes_dividing(wo, dtype):
+        assert why.rule_of("dw") == "patterns.window", str(why)
+        assert ("split into 2 phases" in note) == ((w + 2 * pw) % 2 == 0), note
+
+
+def test_strided_window_max_reads_its_input_in_place():
+    """A stride-2 window max over a kernel input (no stage to re-lay): strided reads."""
+    rng = np.random.default_rng(73)
+    x = te.placeholder((2, 3, 17, 33), name="x")
+    ry, rx = te.reduce_axis((0, 3), name="ry"), te.reduce_axis((0, 3), name="rx")
+    mx = te.compute((2, 3, 8, 16), lambda b, c, i, j: te.max(x[b, c, 2 * i + ry, 2 * j + rx],
+                                                             axis=[ry, rx]), name="pool")
+    xn = rand((2, 3, 17, 33), "float32", rng)
+    (out,), why = build_run([mx], [x], [xn])
+    win = np.lib.stride_tricks.sliding_window_view(xn.astype(np.float64), (3, 3), axis=(2, 3))
+    check(out, win[:, :, ::2, ::2].max(axis=(-2, -1)), "float32", "strided window max")
+    assert why.rule_of("pool") == "patterns.window", str(why)
