@@ -119,12 +119,30 @@ def _match_reduction(where):
     return match
 
 
+def _window(f) -> bool:
+    return f.kind == "reduction" and getattr(f, "extra_where", "") == "window"
+
+
+def _match_window_epilogue(facts, name, outputs):
+    epi = _epilogue(facts, name, outputs) if _window(facts[name]) else None
+    if epi is None:
+        return None
+    return [name, epi], (f"{facts[name].why}, windowed along the output's innermost axis; "
+                         f"the {facts[epi].kind} consumer {epi} is fused into the tile's "
+                         "write-back")
+
+
 def _match_window(facts, name, outputs):
     f = facts[name]
-    if f.kind != "reduction" or getattr(f, "extra_where", "") != "window":
+    if not _window(f):
         return None
     return [name], (f"{f.why}, windowed along the output's innermost axis (a depthwise "
                     "convolution or a window sum)")
+
+
+def _apply_window(sch, names, facts, target):
+    return window.schedule_window(sch, names[0], facts, target,
+                                  epilogue=names[1] if len(names) > 1 else None)
 
 
 def _match_injective(facts, name, outputs):
@@ -140,8 +158,8 @@ RULES = (
                 _apply_contraction),
     PatternRule("patterns.contraction", _match_contraction, _apply_contraction),
     PatternRule("patterns.row_reduction", _match_row_group, _apply_row_group),
-    PatternRule("patterns.window", _match_window,
-                lambda sch, n, facts, t: window.schedule_window(sch, n[0], facts, t)),
+    PatternRule("patterns.window+epilogue", _match_window_epilogue, _apply_window),
+    PatternRule("patterns.window", _match_window, _apply_window),
     PatternRule("patterns.inner_reduction", _match_reduction("innermost"),
                 lambda sch, n, facts, t: reduction.schedule_inner_reduction(sch, n[0], facts,
                                                                             t)),

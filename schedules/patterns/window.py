@@ -54,8 +54,9 @@ def _tile(target, f, i: str | None, j: str, lanes: int) -> tuple[int, int]:
     return rows, nv
 
 
-def schedule_window(sch, name: str, facts: dict, target) -> Detail:
-    """Schedule window reduction ``name`` (see the module docstring)."""
+def schedule_window(sch, name: str, facts: dict, target, epilogue: str | None = None) -> Detail:
+    """Schedule window reduction ``name`` (see the module docstring), its elementwise
+    consumer ``epilogue`` (bias, activation, cast) fused into the tile's write-back."""
     f = facts[name]
     big = _big(f)
     j = next(iter(f.write_vars[-1]))
@@ -75,6 +76,8 @@ def schedule_window(sch, name: str, facts: dict, target) -> Detail:
     if target.cores > 1 and extent(sch, task) >= 2 and product(f.extents.values()) >= 1 << 15:
         sch.parallel(task)
     wb = sch.cache_write(blk, 0, "local")
+    if epilogue is not None:
+        sch.reverse_compute_inline(sch.get_sblock(epilogue))
     sch.reverse_compute_at(wb, j_o, preserve_unit_loops=True)
     for lp in tile[:-1]:
         sch.unroll(lp)

@@ -124,3 +124,20 @@ def test_strided_window_max_reads_its_input_in_place():
     win = np.lib.stride_tricks.sliding_window_view(xn.astype(np.float64), (3, 3), axis=(2, 3))
     check(out, win[:, :, ::2, ::2].max(axis=(-2, -1)), "float32", "strided window max")
     assert why.rule_of("pool") == "patterns.window", str(why)
+
+
+def test_depthwise_bias_relu_fused_into_the_write_back():
+    """A depthwise conv2d + bias + ReLU (a MobileNet block) is one pass: the consumer fused
+    into the tile's write-back, not a pass of its own over the output."""
+    n, c, h, w = 2, 6, 10, 24
+    rng = np.random.default_rng(79)
+    x, wt, y = _depthwise(n, c, h, w, 3, 3, 1, 1, "float32")
+    bias = te.placeholder((c,), name="bias")
+    z = te.compute(y.shape, lambda b, o, i, j: te.max(y[b, o, i, j] + bias[o], 0.0), name="z")
+    xn, wn, bn = rand((n, c, h, w), "float32", rng), rand((c, 1, 3, 3), "float32", rng), \
+        rand((c,), "float32", rng)
+    (out,), why = build_run([z], [x, wt, bias], [xn, wn, bn])
+    ref = np.maximum(_ref_depthwise(xn, wn, 1, 1) + bn[None, :, None, None], 0)
+    check(out, ref, "float32", "depthwise + bias + relu")
+    assert why.rule_of("dw") == "patterns.window+epilogue", str(why)
+    assert why.rule_of("z") == "patterns.window+epilogue", str(why)
