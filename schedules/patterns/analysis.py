@@ -249,9 +249,10 @@ def _classify_reduction(f: BlockFacts, body) -> None:
     big = max(f.reads, key=lambda acc: _elems(acc.shape), default=None)
     inner = big.index_vars[-1] if big is not None and big.index_vars else set()
     where = "innermost" if inner & set(f.reduce) else "outer"
-    if where == "innermost" and _windowed_along_output(f, big):
+    if _windowed_along_output(f, big):
         where = "window"
-    f.why = f"reduction iterators {f.reduce} over the {where} axis of its input"
+    f.why = (f"reduction iterators {f.reduce} over a window of its input" if where == "window"
+             else f"reduction iterators {f.reduce} over the {where} axis of its input")
     f.extra_where = where  # type: ignore[attr-defined]
 
 
@@ -262,11 +263,14 @@ WINDOW_STRIDES = (1, 2)
 
 
 def _windowed_along_output(f: BlockFacts, big: Access) -> bool:
-    """Whether ``big``'s innermost index moves by one with the output's innermost iterator
-    while a reduction of more than one step also moves it (``x[.., i + ry, j + rx]``: a
-    depthwise conv2d, a window sum or max; :mod:`schedules.patterns.window`)."""
+    """Whether ``big``'s innermost index moves by one (or by a stride in
+    :data:`WINDOW_STRIDES`) with the output's innermost iterator, and some index of it is a
+    window: an output iterator plus a reduction of more than one step (``x[.., i + ry, j +
+    rx]`` NCHW or ``x[.., i + ry, j + rx, c]`` NHWC: a depthwise conv2d, a window sum or max;
+    :mod:`schedules.patterns.window`)."""
     last = f.write_vars[-1] if f.write_vars else set()
-    taps = [r for r in big.all_vars() & set(f.reduce) if f.extents[r] > 1]
+    red, sp = set(f.reduce), set(f.spatial)
+    taps = [r for vs in big.index_vars if vs & sp for r in vs & red if f.extents[r] > 1]
     if not taps or len(last) != 1:
         return False
     return stride_in(big.indices[-1], next(iter(last))) in WINDOW_STRIDES

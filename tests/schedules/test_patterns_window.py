@@ -141,3 +141,29 @@ def test_depthwise_bias_relu_fused_into_the_write_back():
     check(out, ref, "float32", "depthwise + bias + relu")
     assert why.rule_of("dw") == "patterns.window+epilogue", str(why)
     assert why.rule_of("z") == "patterns.window+epilogue", str(why)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [(1, 9, 14, 64, 1), (2, 5, 7, 40, 2), (1, 6, 11, 12, 1),
+                                 (2, 4, 5, 7, 0)], ids=str)
+def test_nhwc_depthwise_conv2d(geo, dtype):
+    """NHWC: the channels are the vector axis and output columns the tile's rows (``x[b, i +
+    ry, j + rx, c]``); 64, 40 and 12 channels (full, half and quarter width), 7 (no vector
+    divides it: the outer-reduction rule); 3x3 and 5x5 windows, batch > 1."""
+    n, h, w, c, pad = geo
+    k = 2 * pad + 1
+    rng = np.random.default_rng(83)
+    x = te.placeholder((n, h, w, c), name="x", dtype=dtype)
+    wt = te.placeholder((k, k, c), name="w", dtype=dtype)
+    xp = te.compute((n, h + 2 * pad, w + 2 * pad, c), lambda b, i, j, o: te.if_then_else(
+        te.all(i >= pad, i < h + pad, j >= pad, j < w + pad), x[b, i - pad, j - pad, o],
+        te.const(0, dtype)), name="xpad")
+    ry, rx = te.reduce_axis((0, k), name="ry"), te.reduce_axis((0, k), name="rx")
+    y = te.compute((n, h, w, c), lambda b, i, j, o: te.sum(
+        xp[b, i + ry, j + rx, o] * wt[ry, rx, o], axis=[ry, rx]), name="dw")
+    xn, wn = rand((n, h, w, c), dtype, rng), rand((k, k, c), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    ref = _ref_depthwise(xn.transpose(0, 3, 1, 2), wn.transpose(2, 0, 1)[:, None], pad, pad)
+    check(out, ref.transpose(0, 2, 3, 1), dtype, f"nhwc depthwise {geo}")
+    want = "patterns.window" if _lanes_dividing(c, dtype) else "patterns.outer_reduction"
+    assert why.rule_of("dw") == want, str(why)
