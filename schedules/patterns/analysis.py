@@ -10,7 +10,11 @@ the scheduled ``PrimFunc`` from the block itself:
 * ``contraction``: a sum of a product of two loads, each missing a spatial iterator the
   other has (so every loaded value is reused across a tile): matmul, batched matmul,
   convolutions (a windowed index such as ``h * s + r`` on one operand).
-* ``reduction``: any other block with reduction iterators (sums, max, sum of squares).
+  An operand that reads an iterator only by group (``o // K``: a grouped convolution's input
+  channel block) counts as lacking it.
+* ``reduction``: any other block with reduction iterators (sums, max, sum of squares), over
+  the innermost axis of its largest input, over outer axes, or over a *window* moving with
+  the output's innermost axis (``x[.., i + ry, j + rx]``: a depthwise convolution).
 """
 
 from __future__ import annotations
@@ -83,13 +87,12 @@ class Access:
     dtype: str
     indices: list          # PrimExpr per dimension
     index_vars: list       # set of iterator names per dimension
+    grouped: dict = field(default_factory=dict)  # iterator -> K where only ``i // K`` reads
 
     def pure(self) -> bool:
         """Every index is a bare iterator."""
         return all(len(vs) == 1 and str(ix) in vs for ix, vs in zip(self.indices,
                                                                      self.index_vars))
-
-    grouped: dict = field(default_factory=dict)  # iterator -> K where only ``i // K`` reads
 
     def all_vars(self) -> set[str]:
         return set().union(*self.index_vars) if self.index_vars else set()

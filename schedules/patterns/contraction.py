@@ -446,7 +446,8 @@ def _transpose_pack(sch, pack, f, op, var: str, width: int, target) -> bool:
     are in L1. Vectorised along the run (the plain copy's way), each vector went out lane
     by lane to addresses ``width`` apart: a fifth of a 14x14x256 NCHW conv2d on a Zen 4
     core. Returns False (nothing changed) where it does not apply."""
-    from schedules.toolbox import _tile, parallel, transpose_blocks
+    from schedules.patterns.common import parallel_loops
+    from schedules.toolbox import transpose_blocks, transpose_tiles
 
     dims = [next(iter(vs)) for vs in op.index_vars]
     vd = dims.index(var)
@@ -454,14 +455,15 @@ def _transpose_pack(sch, pack, f, op, var: str, width: int, target) -> bool:
     tail = dims[vd + 1:]
     if not tail or len(loops) != len(dims) or not set(tail) <= set(f.reduce):
         return False
+    elems = product(extent(sch, lp) for lp in loops)
     run = sch.fuse(*loops[vd + 1:]) if len(tail) > 1 else loops[-1]
-    tu, tv = _tile(extent(sch, run)), min(width, target.lanes("float32"))
-    if not tu or width % tv:
+    tu, tv = transpose_tiles(extent(sch, run), 1)[0], min(width, target.lanes("float32"))
+    if tu < 2 or width % tv:
         return False
     v_o, v_i = sch.split(loops[vd], [None, width])
     sch.reorder(*loops[:vd], v_o, run, v_i)
-    parallel(sch, [*loops[:vd], v_o, *transpose_blocks(sch, run, v_i, tu, tv)[:1]],
-             target.cores)
+    blocks = transpose_blocks(sch, run, v_i, tu, tv)
+    parallel_loops(sch, [*loops[:vd], v_o, blocks[0]], target, elems)
     return True
 
 
