@@ -90,3 +90,25 @@ def parallel_loops(sch, loops: list, target, elems: int):
     if extent(sch, fused) >= 2:
         sch.parallel(fused)
     return fused
+
+
+def producers_inside(sch, blk, buffer: str, loop, target) -> list[str]:
+    """Compute the injective stage that writes ``buffer`` for block ``blk`` (its padding)
+    inside each iteration of ``loop``, for the part that iteration reads, instead of in a
+    pass of its own: one wake-up of the thread pool per call instead of two (about 6% of a
+    0.5 ms conv2d with parked workers), and rows written just before they are read stay in
+    L1. Its innermost loop is vectorised. Returns the stages moved."""
+    from schedules.patterns.analysis import block_facts
+
+    moved = []
+    for prod in sch.get_producers(blk):
+        f = block_facts(sch, prod)
+        if f.out_buffer != buffer or not f.injective or len(sch.get_consumers(prod)) > 1:
+            continue
+        sch.compute_at(prod, loop, preserve_unit_loops=True)
+        lanes = target.lanes(f.out_dtype)
+        inner = sch.get_loops(prod)[-1]
+        if extent(sch, inner) >= lanes:
+            sch.vectorize(sch.split(inner, [None, lanes])[-1])
+        moved.append(f.name)
+    return moved

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 
 from schedules.patterns.analysis import stride_in
-from schedules.patterns.common import Detail, extent, product
+from schedules.patterns.common import Detail, extent, producers_inside, product
 
 # The S block of one core uses at most 1/PANEL_BYTES_FRACTION of its L2, and at most
 # M_BLOCK_TILES micro-tiles: every block streams the whole V panel past its tiles (from L3
@@ -423,7 +423,7 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
     sch.unroll(vi)
     sch.unroll(mv)
     sch.vectorize(ml)
-    inside = _rows_inside(sch, blk, v_op, fused, target) if by_row else []
+    inside = producers_inside(sch, blk, v_op.buffer, fused, target) if by_row else []
     sch.decompose_reduction(blk, red[0])
     from schedules.patterns.injective import schedule_injective
 
@@ -505,24 +505,3 @@ def _across_loops(sch, outer, m0_v0, red, tile, target):
     if target.cores > 1 and extent(sch, fused) >= 2:
         sch.parallel(fused)
     return fused, v0, by_row
-
-
-def _rows_inside(sch, blk, v_op, loop, target) -> list[str]:
-    """Compute ``V``'s padding stage inside each iteration of the row ``loop`` (the few rows
-    of it that iteration reads) instead of in a pass of its own: one wake-up of the thread
-    pool per call instead of two (about 6% of a 0.5 ms conv2d with parked workers), and
-    rows written just before they are read stay in L1. Returns the stages moved."""
-    from schedules.patterns.analysis import block_facts
-
-    moved = []
-    for prod in sch.get_producers(blk):
-        f = block_facts(sch, prod)
-        if f.out_buffer != v_op.buffer or not f.injective or len(sch.get_consumers(prod)) > 1:
-            continue
-        sch.compute_at(prod, loop, preserve_unit_loops=True)
-        lanes = target.lanes(f.out_dtype)
-        inner = sch.get_loops(prod)[-1]
-        if extent(sch, inner) >= lanes:
-            sch.vectorize(sch.split(inner, [None, lanes])[-1])
-        moved.append(f.name)
-    return moved

@@ -14,7 +14,7 @@ only, so it is read from cache, not from a pass over memory of its own.
 from __future__ import annotations
 
 from schedules.patterns.analysis import stride_in
-from schedules.patterns.common import Detail, extent, product
+from schedules.patterns.common import Detail, extent, producers_inside, product
 
 UNROLL_TAPS = 64  # taps unrolled around the tile at most (a 7x7 window is 49)
 TILE_ROWS = 8  # output rows of one tile at most
@@ -86,7 +86,7 @@ def schedule_window(sch, name: str, facts: dict, target, epilogue: str | None = 
     if taps <= UNROLL_TAPS:
         for lp in red:
             sch.unroll(lp)
-    inside = _producers_inside(sch, blk, big, task, target)
+    inside = producers_inside(sch, blk, big.buffer, task, target)
     sch.decompose_reduction(blk, red[0])
     _vector_write_back(sch, wb, lanes)
     return Detail(f"vectors of {lanes} along {j}, a tile of {rows} rows x {nv} vectors in "
@@ -119,25 +119,6 @@ def _phase_split(sch, blk, big, stride: int) -> int:
     # element (loads LLVM groups and shuffles), not the other way round (a scatter)
     sch.transform_block_layout(prods[0], split)
     return stride
-
-
-def _producers_inside(sch, blk, big, loop, target) -> list[str]:
-    """Compute the injective stage that writes ``big`` (a padding stage) inside each
-    iteration of ``loop``, for the rows that iteration reads."""
-    from schedules.patterns.analysis import block_facts
-
-    moved = []
-    for prod in sch.get_producers(blk):
-        pf = block_facts(sch, prod)
-        if pf.out_buffer != big.buffer or not pf.injective or len(sch.get_consumers(prod)) > 1:
-            continue
-        sch.compute_at(prod, loop, preserve_unit_loops=True)
-        inner = sch.get_loops(prod)[-1]
-        width = target.lanes(pf.out_dtype)
-        if extent(sch, inner) >= width:
-            sch.vectorize(sch.split(inner, [None, width])[-1])
-        moved.append(pf.name)
-    return moved
 
 
 def _vector_write_back(sch, wb, lanes: int) -> None:

@@ -164,6 +164,16 @@ def _gemm_bias_gelu(d) -> Case:
                 lambda: _gelu_np(xa @ xb + xbias))
 
 
+def _nchw_pad(x, p: int):
+    """``x`` (NCHW) zero-padded by ``p`` on each side of H and W, as a user writes it."""
+    from tvm import te
+
+    n, c, h, w = (int(d) for d in x.shape)
+    return te.compute((n, c, h + 2 * p, w + 2 * p), lambda b, ci, i, j: te.if_then_else(
+        te.all(i >= p, i < h + p, j >= p, j < w + p), x[b, ci, i - p, j - p], 0.0),
+        name="pad")
+
+
 def _conv2d_fwd(d) -> Case:
     from tvm import te
 
@@ -173,9 +183,7 @@ def _conv2d_fwd(d) -> Case:
     out = _conv_out(d)
     x = te.placeholder((n, c, hw, hw), name="x")
     w = te.placeholder((k, cg, ks, ks), name="w")
-    xp = te.compute((n, c, hw + 2 * p, hw + 2 * p), lambda b, ci, h, v: te.if_then_else(
-        te.all(h >= p, h < hw + p, v >= p, v < hw + p), x[b, ci, h - p, v - p], 0.0),
-        name="pad")
+    xp = _nchw_pad(x, p)
     rc, ry, rx = (te.reduce_axis((0, e), name=nm) for e, nm in ((cg, "rc"), (ks, "ry"),
                                                                 (ks, "rx")))
 
@@ -210,9 +218,7 @@ def _depthwise_fwd(d) -> Case:
     out = hw + 2 * p - ks + 1
     x = te.placeholder((n, c, hw, hw), name="x")
     w = te.placeholder((c, 1, ks, ks), name="w")
-    xp = te.compute((n, c, hw + 2 * p, hw + 2 * p), lambda b, ci, h, v: te.if_then_else(
-        te.all(h >= p, h < hw + p, v >= p, v < hw + p), x[b, ci, h - p, v - p], 0.0),
-        name="pad")
+    xp = _nchw_pad(x, p)
     ry, rx = te.reduce_axis((0, ks), name="ry"), te.reduce_axis((0, ks), name="rx")
     y = te.compute((n, c, out, out), lambda b, ci, h, v: te.sum(
         xp[b, ci, h + ry, v + rx] * w[ci, 0, ry, rx], axis=[ry, rx]), name="depthwise")
@@ -473,6 +479,11 @@ def _rows(d, reads: int, writes: int, params: int = 0):
     return float(F32 * ((reads + writes) * d["rows"] * d["cols"] + params * d["cols"]))
 
 
+def _conv_spec(name: str, full: dict, tiny: dict) -> Spec:
+    """A user's NCHW conv2d forward row (:func:`_conv2d_fwd`)."""
+    return Spec(name, "conv2d", {"full": full, "tiny": tiny}, _conv2d_fwd, _conv_flops)
+
+
 def specs() -> list[Spec]:
     mm = {"full": {"m": 1024, "n": 1024, "k": 1024}, "tiny": {"m": 33, "n": 17, "k": 29}}
     norm = {"full": {"rows": 8192, "cols": 1024}, "tiny": {"rows": 7, "cols": 33}}
@@ -484,26 +495,21 @@ def specs() -> list[Spec]:
                                    "tiny": {"b": 3, "m": 9, "n": 7, "k": 5}}, _bmm, _mm_flops),
         Spec("gemm_bias_gelu_1024", "gemm_ep", mm, _gemm_bias_gelu,
              lambda d: _mm_flops(d) + 12.0 * d["m"] * d["n"]),
-        Spec("conv2d_nchw_3x3_56x56x64", "conv2d",
-             {"full": {"n": 1, "c": 64, "k": 64, "hw": 56, "ks": 3, "pad": 1},
-              "tiny": {"n": 2, "c": 3, "k": 5, "hw": 7, "ks": 3, "pad": 1}}, _conv2d_fwd,
-             _conv_flops),
-        Spec("conv2d_nchw_3x3_s2_56x56x64", "conv2d",
-             {"full": {"n": 1, "c": 64, "k": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 2},
-              "tiny": {"n": 2, "c": 3, "k": 5, "hw": 9, "ks": 3, "pad": 1, "stride": 2}},
-             _conv2d_fwd, _conv_flops),
-        Spec("conv2d_nchw_3x3_14x14x256", "conv2d",
-             {"full": {"n": 1, "c": 256, "k": 256, "hw": 14, "ks": 3, "pad": 1},
-              "tiny": {"n": 1, "c": 17, "k": 32, "hw": 5, "ks": 3, "pad": 1}}, _conv2d_fwd,
-             _conv_flops),
-        Spec("conv2d_nchw_5x5_31x31_24to40_b2", "conv2d",
-             {"full": {"n": 2, "c": 24, "k": 40, "hw": 31, "ks": 5, "pad": 2},
-              "tiny": {"n": 2, "c": 5, "k": 24, "hw": 7, "ks": 5, "pad": 2}}, _conv2d_fwd,
-             _conv_flops),
-        Spec("conv2d_nchw_3x3_g4_28x28x128", "conv2d",
-             {"full": {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 4},
-              "tiny": {"n": 2, "c": 8, "k": 16, "hw": 6, "ks": 3, "pad": 1, "groups": 2}},
-             _conv2d_fwd, _conv_flops),
+        _conv_spec("conv2d_nchw_3x3_56x56x64",
+                   {"n": 1, "c": 64, "k": 64, "hw": 56, "ks": 3, "pad": 1},
+                   {"n": 2, "c": 3, "k": 5, "hw": 7, "ks": 3, "pad": 1}),
+        _conv_spec("conv2d_nchw_3x3_s2_56x56x64",
+                   {"n": 1, "c": 64, "k": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 2},
+                   {"n": 2, "c": 3, "k": 5, "hw": 9, "ks": 3, "pad": 1, "stride": 2}),
+        _conv_spec("conv2d_nchw_3x3_14x14x256",
+                   {"n": 1, "c": 256, "k": 256, "hw": 14, "ks": 3, "pad": 1},
+                   {"n": 1, "c": 17, "k": 32, "hw": 5, "ks": 3, "pad": 1}),
+        _conv_spec("conv2d_nchw_5x5_31x31_24to40_b2",
+                   {"n": 2, "c": 24, "k": 40, "hw": 31, "ks": 5, "pad": 2},
+                   {"n": 2, "c": 5, "k": 24, "hw": 7, "ks": 5, "pad": 2}),
+        _conv_spec("conv2d_nchw_3x3_g4_28x28x128",
+                   {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 4},
+                   {"n": 2, "c": 8, "k": 16, "hw": 6, "ks": 3, "pad": 1, "groups": 2}),
         Spec("depthwise_nchw_3x3_56x56x64", "window",
              {"full": {"n": 1, "c": 64, "hw": 56, "ks": 3, "pad": 1},
               "tiny": {"n": 2, "c": 3, "hw": 8, "ks": 3, "pad": 1}}, _depthwise_fwd,
