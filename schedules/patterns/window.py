@@ -8,7 +8,10 @@ channels (a depthwise channel reads only itself). It is vectorised along ``j`` i
 around the vectors, unrolled when few, so the rows of one tile load each input row once per
 tap column (LLVM merges the loads that ``i + ry`` makes equal), and the tile is written
 once. A padding stage the window reads is computed inside each parallel task, for its rows
-only, so it is read from cache, not from a pass over memory of its own.
+only, so it is read from cache, not from a pass over memory of its own. NHWC windows (``x[..,
+i + ry, j + rx, c]``) take the same nest with the channels as the vector axis and the output
+columns as the tile's rows. At stride 2 along the row, the padding stage is laid out and
+iterated as ``[W % 2, W // 2]`` so the window still reads whole vectors.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from schedules.patterns.common import Detail, extent, producers_inside, product
 
 UNROLL_TAPS = 64  # taps unrolled around the tile at most (a 7x7 window is 49)
 TILE_ROWS = 8  # output rows of one tile at most
+# accumulators of one tile: the rest of the register file holds the loaded input vectors and
+# the broadcast weight (32 registers with AVX-512, 16 below)
+TILE_ACCUMULATORS = {512: 24, 256: 10, 128: 10}
 
 
 def _big(f):
@@ -35,8 +41,8 @@ def _lanes(target, dtype: str, n: int) -> int:
 
 
 def _row_var(f, big) -> str | None:
-    """The output axis before ``j`` that ``big``'s next-to-innermost index follows with
-    stride 1 (the rows ``i`` of ``x[.., i + ry, j + rx]``), if any."""
+    """The output axis before ``j`` that ``big``'s next-to-innermost index moves with (the
+    rows ``i`` of ``x[.., i + ry, j + rx]`` or ``x[.., 2 * i + ry, ..]``), if any."""
     if len(big.indices) < 2 or len(f.spatial) < 2:
         return None
     i = f.spatial[-2]
@@ -46,7 +52,7 @@ def _row_var(f, big) -> str | None:
 def _tile(target, f, i: str | None, j: str, lanes: int) -> tuple[int, int]:
     """``(rows, vectors)`` of the register tile: as many rows as divide ``i`` (up to
     :data:`TILE_ROWS`), then as many vectors of the row as the accumulators left allow."""
-    budget = 24 if target.vector_bits >= 512 else 10
+    budget = TILE_ACCUMULATORS.get(target.vector_bits, 10)
     rows_ext = f.extents[i] if i else 1
     rows = max(r for r in range(1, min(TILE_ROWS, rows_ext, budget) + 1) if rows_ext % r == 0)
     nvj = f.extents[j] // lanes
