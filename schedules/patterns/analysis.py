@@ -234,6 +234,11 @@ def _elems(shape) -> int:
     return out
 
 
+def largest_read(f: BlockFacts) -> Access | None:
+    """The block's largest input (the one a reduction's loop order is chosen for)."""
+    return max(f.reads, key=lambda acc: _elems(acc.shape), default=None)
+
+
 def _classify_reduction(f: BlockFacts, body) -> None:
     ops = _product_operands(body.value, f.out_buffer)
     if ops is not None:
@@ -249,7 +254,7 @@ def _classify_reduction(f: BlockFacts, body) -> None:
             return
     f.kind = "reduction"
     # the largest input decides (a matrix-vector product is led by the matrix)
-    big = max(f.reads, key=lambda acc: _elems(acc.shape), default=None)
+    big = largest_read(f)
     inner = big.index_vars[-1] if big is not None and big.index_vars else set()
     where = "innermost" if inner & set(f.reduce) else "outer"
     if _windowed_along_output(f, big):

@@ -112,3 +112,21 @@ def producers_inside(sch, blk, buffer: str, loop, target) -> list[str]:
             sch.vectorize(sch.split(inner, [None, lanes])[-1])
         moved.append(f.name)
     return moved
+
+
+def phase_map(ndim: int, stride: int):
+    """The layout ``[.., W] -> [.., W % s, W // s]`` that lets a window stepping its row by
+    ``s`` read whole vectors (``x[.., v * s + r]`` becomes ``[.., r % s, v + r // s]``)."""
+    from tvm.tirx import IndexMap
+
+    return IndexMap.from_func(lambda *ix: [*ix[:-1], ix[-1] % stride, ix[-1] // stride],
+                              ndim=ndim, index_dtype="int32")
+
+
+def vectorize_registers(sch, loop, lanes: int) -> None:
+    """Vectorise ``loop`` in whole registers of ``lanes``: split and its outer part unrolled
+    where it holds several, else vectorised whole."""
+    if extent(sch, loop) > lanes and extent(sch, loop) % lanes == 0:
+        whole, loop = sch.split(loop, [None, lanes])
+        sch.unroll(whole)
+    sch.vectorize(loop)

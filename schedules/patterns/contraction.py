@@ -31,7 +31,14 @@ from __future__ import annotations
 import math
 
 from schedules.patterns.analysis import stride_in
-from schedules.patterns.common import Detail, extent, producers_inside, product
+from schedules.patterns.common import (
+    Detail,
+    extent,
+    phase_map,
+    producers_inside,
+    product,
+    vectorize_registers,
+)
 
 # The S block of one core uses at most 1/PANEL_BYTES_FRACTION of its L2, and at most
 # M_BLOCK_TILES micro-tiles: every block streams the whole V panel past its tiles (from L3
@@ -200,8 +207,6 @@ def _phase_split(sch, name: str, f):
     axis: its innermost dimension ``W`` re-laid as ``[W % s, W // s]`` (a padding stage in
     place, an input through a copy), so ``x[.., v * s + r]`` reads ``[.., r % s, v + r // s]``
     and the micro-kernel loads whole vectors. Returns ``(facts, copy blocks)``, or None."""
-    from tvm.tirx import IndexMap
-
     from schedules.patterns.analysis import block_facts, root_blocks
 
     hit = _strided_operand(f)
@@ -215,9 +220,8 @@ def _phase_split(sch, name: str, f):
         sch.cache_read(blk, idx, "global")  # a kernel input: split a copy of it
         blk = sch.get_sblock(name)
     nd = len(op.shape)
-    sch.transform_layout(blk, ("read", idx), IndexMap.from_func(
-        lambda *ix: [*ix[:-1], ix[-1] % s, ix[-1] // s], ndim=nd, index_dtype="int32"),
-        pad_value=0.0 if op.shape[-1] % s else None)
+    sch.transform_layout(blk, ("read", idx), phase_map(nd, s),
+                         pad_value=0.0 if op.shape[-1] % s else None)
     made = [sch.get(b).name_hint for b in root_blocks(sch)]
     return block_facts(sch, sch.get_sblock(name)), [n for n in made if n not in before]
 
@@ -478,10 +482,7 @@ def _write_back_along_m(sch, wb, nd: int, mi: int, lanes: int) -> None:
     rest = [lp for i, lp in enumerate(loops) if i != mi]
     m_loop = loops[mi]
     sch.reorder(*rest, m_loop)
-    if extent(sch, m_loop) > lanes and extent(sch, m_loop) % lanes == 0:
-        whole, m_loop = sch.split(m_loop, [None, lanes])
-        sch.unroll(whole)
-    sch.vectorize(m_loop)
+    vectorize_registers(sch, m_loop, lanes)
     for lp in rest:
         if extent(sch, lp) > 1:
             sch.unroll(lp)

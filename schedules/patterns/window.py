@@ -16,18 +16,21 @@ iterated as ``[W % 2, W // 2]`` so the window still reads whole vectors.
 
 from __future__ import annotations
 
-from schedules.patterns.analysis import stride_in
-from schedules.patterns.common import Detail, extent, producers_inside, product
+from schedules.patterns.analysis import largest_read, stride_in
+from schedules.patterns.common import (
+    Detail,
+    extent,
+    phase_map,
+    producers_inside,
+    product,
+    vectorize_registers,
+)
 
 UNROLL_TAPS = 64  # taps unrolled around the tile at most (a 7x7 window is 49)
 TILE_ROWS = 8  # output rows of one tile at most
 # accumulators of one tile: the rest of the register file holds the loaded input vectors and
 # the broadcast weight (32 registers with AVX-512, 16 below)
 TILE_ACCUMULATORS = {512: 24, 256: 10, 128: 10}
-
-
-def _big(f):
-    return max(f.reads, key=lambda acc: product(acc.shape), default=None)
 
 
 def _lanes(target, dtype: str, n: int) -> int:
@@ -64,7 +67,7 @@ def schedule_window(sch, name: str, facts: dict, target, epilogue: str | None = 
     """Schedule window reduction ``name`` (see the module docstring), its elementwise
     consumer ``epilogue`` (bias, activation, cast) fused into the tile's write-back."""
     f = facts[name]
-    big = _big(f)
+    big = largest_read(f)
     j = next(iter(f.write_vars[-1]))
     i = _row_var(f, big)
     lanes = _lanes(target, f.out_dtype, f.extents[j])
@@ -94,7 +97,7 @@ def schedule_window(sch, name: str, facts: dict, target, epilogue: str | None = 
             sch.unroll(lp)
     inside = producers_inside(sch, blk, big.buffer, task, target)
     sch.decompose_reduction(blk, red[0])
-    _vector_write_back(sch, wb, lanes)
+    vectorize_registers(sch, sch.get_loops(wb)[-1], lanes)
     return Detail(f"vectors of {lanes} along {j}, a tile of {rows} rows x {nv} vectors in "
                   f"registers for the whole window"
                   + (f", {big.buffer} split into {phased} phases along its rows" if phased
@@ -109,29 +112,18 @@ def _phase_split(sch, blk, big, stride: int) -> int:
     injective stage writes ``x`` (its padding), lay that stage's rows out as ``[W % s,
     W // s]``: the window then reads ``[rx % s, j + rx // s]``, whole vectors, instead of
     every other lane. Returns the stride applied (0: none)."""
-    from tvm.tirx import IndexMap
-
     from schedules.patterns.analysis import block_facts
 
-    prods = [p for p in sch.get_producers(blk) if block_facts(sch, p).out_buffer == big.buffer
-             and block_facts(sch, p).injective]
-    if stride <= 1 or len(prods) != 1 or big.shape[-1] % stride:
+    if stride <= 1 or big.shape[-1] % stride:
+        return 0
+    prods = [p for p in sch.get_producers(blk)
+             if (pf := block_facts(sch, p)).out_buffer == big.buffer and pf.injective]
+    if len(prods) != 1:
         return 0
     idx = next(k for k, r in enumerate(sch.get(blk).reads) if r.source.name == big.buffer)
-    split = IndexMap.from_func(lambda *ix: [*ix[:-1], ix[-1] % stride, ix[-1] // stride],
-                               ndim=len(big.shape), index_dtype="int32")
+    split = phase_map(len(big.shape), stride)
     sch.transform_layout(blk, ("read", idx), split)
     # the stage iterates in its new layout: it writes whole vectors and reads every s-th
     # element (loads LLVM groups and shuffles), not the other way round (a scatter)
     sch.transform_block_layout(prods[0], split)
     return stride
-
-
-def _vector_write_back(sch, wb, lanes: int) -> None:
-    """The tile's write-back: its innermost (row) axis in vectors, the rest unrolled."""
-    loops = sch.get_loops(wb)
-    inner = loops[-1]
-    if extent(sch, inner) > lanes and extent(sch, inner) % lanes == 0:
-        whole, inner = sch.split(inner, [None, lanes])
-        sch.unroll(whole)
-    sch.vectorize(inner)
