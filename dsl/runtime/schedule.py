@@ -141,6 +141,10 @@ class Schedule:
         from dsl.runtime.run_if import side_outputs_to_buffers
 
         args = list(tensor_list or self.default_tensor_list())
+        if self.pattern_path():  # a user's strided dx: its zero taps split away
+            from schedules.patterns.phases import split_phases
+
+            args = split_phases(args)
         _, side, _ = self._graph
         n_in = next((i for i, t in enumerate(args)
                      if not isinstance(t.op, te.PlaceholderOp)), len(args))
@@ -151,6 +155,12 @@ class Schedule:
         else:
             func = te.create_prim_func(full)
         return side_outputs_to_buffers(func, range(n_in, n_in + len(side)))
+
+    def pattern_path(self) -> bool:
+        """Whether the pattern rules schedule this kernel (no operator rule claims it)."""
+        import schedules
+
+        return not schedules.has_rule(self.anchor_tag, self.target)
 
     def s_tir(self, tensor_list=None):
         """The ``tvm.s_tir.Schedule`` of this kernel with its rule applied."""

@@ -18,7 +18,14 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
-from schedules.patterns import contraction, fastmath, injective, reduction, window  # noqa: F401
+from schedules.patterns import (  # noqa: F401
+    contraction,
+    fastmath,
+    injective,
+    phases,
+    reduction,
+    window,
+)
 from schedules.patterns.analysis import all_facts, consumers_of, output_blocks
 from schedules.patterns.common import attempt
 
@@ -145,6 +152,15 @@ def _apply_window(sch, names, facts, target):
                                   epilogue=names[1] if len(names) > 1 else None)
 
 
+def _match_interleave(facts, name, outputs):
+    f = facts[name]
+    axes = phases.interleaved(f) if f.injective and len(f.reads) > 1 else {}
+    if not axes:
+        return None
+    return [name], (f"{f.kind}: interleaves {len(f.reads)} stages, each read at v // s along "
+                    f"{', '.join(axes)}")
+
+
 def _match_injective(facts, name, outputs):
     f = facts[name]
     if not f.injective:
@@ -166,6 +182,8 @@ RULES = (
     PatternRule("patterns.outer_reduction", _match_reduction("outer"),
                 lambda sch, n, facts, t: reduction.schedule_outer_reduction(sch, n[0], facts,
                                                                             t)),
+    PatternRule("patterns.interleave", _match_interleave,
+                lambda sch, n, facts, t: phases.schedule_interleave(sch, n[0], facts, t)),
     PatternRule("patterns.injective", _match_injective,
                 lambda sch, n, facts, t: injective.schedule_injective(sch, n[0], t)),
 )

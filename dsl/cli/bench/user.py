@@ -7,10 +7,11 @@ vector DSL (``dsl.vexp``, ``dsl.reduce_sum`` ...), then ``auto_schedule`` -> ``b
 default schedule, no tuning. Rows:
 
 * compute-bound (GFLOP/s): matmul 1024^3, batched matmul 16x256^3, GEMM + bias + GELU, an NCHW
-  conv2d forward with its own padding stage; ``conv2d_backprop_input`` + residual + ReLU-gradient
-  mask, ``conv2d_backprop_filter`` * scale cast to fp16, and a scale + fp16 cast prologue of dy
-  before ``conv2d_backprop_input`` (each also timed against the plain shipped operator, the
-  "plain" peer: a fused stage should cost nothing);
+  conv2d forward with its own padding stage (strided, grouped, depthwise too), a strided
+  conv2d's input gradient over a zero-inserted dy; ``conv2d_backprop_input`` + residual +
+  ReLU-gradient mask, ``conv2d_backprop_filter`` * scale cast to fp16, and a scale + fp16 cast
+  prologue of dy before ``conv2d_backprop_input`` (each also timed against the plain shipped
+  operator, the "plain" peer: a fused stage should cost nothing);
 * memory-bound (GB/s: the bytes one call must read and write at least): softmax over rows of
   1024 and 4096 (the larger exceeds L2 and L3), layer-norm, RMS-norm, an exp/mul/add chain over
   2^24 elements.
@@ -234,6 +235,43 @@ def _depthwise_fwd(d) -> Case:
         return lambda: torch.nn.functional.conv2d(tx, tw, padding=p, groups=c)
 
     return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
+
+
+def _strided_dx(d) -> Case:
+    """The input gradient of a strided NCHW conv2d as a user (or topi's conv2d_transpose)
+    writes it: dy zero-inserted and padded in one stage, convolved with the flipped weights
+    (the stride phases split apart by :mod:`schedules.patterns.phases`)."""
+    from tvm import te
+
+    n, c, k, hw, ks, p, st = (d[key] for key in ("n", "c", "k", "hw", "ks", "pad", "stride"))
+    out = _conv_out(d)
+    dy = te.placeholder((n, k, out, out), name="dy")
+    w = te.placeholder((k, c, ks, ks), name="w")
+    q, size = ks - 1 - p, hw + ks - 1
+    last = q + st * (out - 1)
+    dil = te.compute((n, k, size, size), lambda b, o, i, j: te.if_then_else(te.all(
+        i >= q, i <= last, j >= q, j <= last, (i - q) % st == 0, (j - q) % st == 0),
+        dy[b, o, (i - q) // st, (j - q) // st], 0.0), name="dy_dilated")
+    rk, ry, rx = (te.reduce_axis((0, e), name=nm) for e, nm in ((k, "rk"), (ks, "ry"),
+                                                                (ks, "rx")))
+    dx = te.compute((n, c, hw, hw), lambda b, ci, i, j: te.sum(
+        dil[b, rk, i + ry, j + rx] * w[rk, ci, ks - 1 - ry, ks - 1 - rx], axis=[rk, ry, rx]),
+        name="dx")
+    dyv, wv = _data((n, k, out, out), 18), _data((k, c, ks, ks), 19)
+
+    def numpy_fn():
+        canvas = np.zeros((n, c, st * (out - 1) + ks, st * (out - 1) + ks), np.float32)
+        for i in range(ks):
+            for j in range(ks):
+                canvas[:, :, i:i + st * (out - 1) + 1:st, j:j + st * (out - 1) + 1:st] += \
+                    np.einsum("nkhw,kc->nchw", dyv, wv[:, :, i, j])
+        return canvas[:, :, p:p + hw, p:p + hw]
+
+    def torch_fn(torch):
+        tdy, tw = torch.from_numpy(dyv), torch.from_numpy(wv)
+        return lambda: torch.nn.grad.conv2d_input((n, c, hw, hw), tw, tdy, stride=st, padding=p)
+
+    return Case([dy, w], [dx], [dyv, wv], torch_fn, numpy_fn)
 
 
 def _conv_out(d) -> int:
@@ -510,6 +548,10 @@ def specs() -> list[Spec]:
         _conv_spec("conv2d_nchw_3x3_g4_28x28x128",
                    {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 4},
                    {"n": 2, "c": 8, "k": 16, "hw": 6, "ks": 3, "pad": 1, "groups": 2}),
+        Spec("dx_nchw_3x3_s2_56x56x128", "conv2d_dx",
+             {"full": {"n": 1, "c": 128, "k": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 2},
+              "tiny": {"n": 2, "c": 5, "k": 7, "hw": 9, "ks": 3, "pad": 1, "stride": 2}},
+             _strided_dx, _conv_flops),
         Spec("depthwise_nchw_3x3_56x56x64", "window",
              {"full": {"n": 1, "c": 64, "hw": 56, "ks": 3, "pad": 1},
               "tiny": {"n": 2, "c": 3, "hw": 8, "ks": 3, "pad": 1}}, _depthwise_fwd,

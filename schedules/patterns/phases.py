@@ -1,0 +1,466 @@
+"""Contractions over a zero-inserted operand, split into stride phases.
+
+The input gradient of a strided convolution, as users write it (and as topi's
+``conv2d_transpose`` does), convolves a *zero-inserted* copy of dy::
+
+    dil[.., u, ..] = dy[.., (u - q) // s, ..]  where (u - q) % s == 0 (and in bounds), else 0
+    dx[.., i, ..]  = sum_r dil[.., i + r + c, ..] * w[.., r, ..]
+
+Along each such axis only one tap in ``s`` meets a non-zero: a 2-D stride-2 dx does four
+times its work, and the zero-inserted operand is ``s**2`` times the size of dy.
+
+:func:`split_phases` rewrites the graph before it is built (:meth:`dsl.runtime.schedule.
+Schedule.prim_func`): with ``i = s*iq + p`` (phase ``p``) the taps that meet a non-zero are
+``r = s*t + rho(p)``, ``rho(p) = (q - p - c) mod s``, and the read becomes
+``P[.., iq + t + e(p), ..]`` over the *compressed* operand ``P[.., m, ..] = dil[.., s*m + q,
+..]`` (``e(p) = (p + rho(p) + c - q) / s``, exact). Per phase that is a dense contraction
+(``dx_phase_*``, scheduled by the contraction rule); one injective stage interleaves them into
+the output (``s**d`` phases for ``d`` zero-inserted axes; a phase without taps is zero).
+
+The operand is found by what it is: an injective stage (through any injective producers:
+padding, the zero insertion itself) whose value, inlined, tests ``(u + k) % s == 0`` on an
+axis ``u`` it reads at ``i + r + c`` (an output axis plus a reduction axis, both of
+coefficient 1). ``P`` is that value at ``u = s*m + q``; where the simplifier cannot remove
+every ``% s`` and ``// s`` of ``m`` from it, or the reduction is not a sum, nothing changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TAGS = ("phases.operand", "phases.phase", "phases.assemble", "phases.slice")
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One zero-inserted axis: the operand's axis ``dim`` is read at ``out + red + c`` (an
+    output and a reduction iterator) and holds a non-zero where ``(u - q) % s == 0``."""
+
+    dim: int
+    out: int  # index of the output axis
+    red: int  # index of the reduction axis
+    c: int
+    s: int
+    q: int
+    out_extent: int
+    red_extent: int
+
+    def rho(self, p: int) -> int:
+        return (self.q - p - self.c) % self.s
+
+    def taps(self, p: int) -> int:
+        return max(0, -(-(self.red_extent - self.rho(p)) // self.s))
+
+    def rows(self, p: int) -> int:
+        return max(0, -(-(self.out_extent - p) // self.s))
+
+    def offset(self, p: int) -> int:
+        return (p + self.rho(p) + self.c - self.q) // self.s
+
+    def span(self) -> tuple[int, int]:
+        """The compressed indices ``m`` the phases read (first, last)."""
+        live = [p for p in range(self.s) if self.taps(p) and self.rows(p)]
+        lo = min(self.offset(p) for p in live)
+        hi = max(self.offset(p) + self.rows(p) + self.taps(p) - 2 for p in live)
+        return lo, hi
+
+
+def _is_load(e) -> bool:
+    import tvm
+
+    return isinstance(e, tvm.ir.expr.Call) and getattr(e.op, "name", "") == "te.tensor_load"
+
+
+def _injective(t) -> bool:
+    import tvm
+    from tvm import te
+
+    op = t.op
+    return (isinstance(op, te.ComputeOp) and op.num_outputs == 1
+            and not isinstance(op.body[0], tvm.tirx.Reduce))
+
+
+def rewrite(expr, var_map: dict, load=None):
+    """``expr`` with variables replaced (``var_map``: Var -> expr) and each tensor load
+    ``t[idx]`` replaced by ``load(t, idx)`` where that returns an expression (indices
+    rewritten first)."""
+    import tvm
+    import tvm_ffi
+
+    def on_var(v, _m):
+        return var_map.get(v, v)
+
+    def on_call(c, m):
+        if not _is_load(c):
+            return m.default_mutate(c)
+        idx = [m.mutate(i) for i in c.args[1:]]
+        new = load(c.args[0], idx) if load is not None else None
+        return new if new is not None else c.args[0](*idx)
+
+    return tvm_ffi.structural_mutate(expr, [(tvm.tirx.Var, on_var),
+                                            (tvm.ir.expr.Call, on_call)])
+
+
+def value_at(t, idx):
+    """The value of injective stage ``t`` at ``idx``, its injective producers inlined."""
+    body = rewrite(t.op.body[0], {a.var: i for a, i in zip(t.op.axis, idx)})
+    return rewrite(body, {}, lambda u, ix: value_at(u, ix) if _injective(u) else None)
+
+
+def _walk(expr, kind) -> list:
+    import tvm_ffi
+
+    out: list = []
+    tvm_ffi.structural_walk(expr, (kind, out.append), order="post")
+    return out
+
+
+def _offset(expr, var) -> int | None:
+    """``k`` where ``expr`` is ``var + k``, else None."""
+    import tvm
+
+    diff = tvm.sym.Analyzer().simplify(expr - var)
+    return int(diff.value) if isinstance(diff, tvm.tirx.IntImm) and \
+        not any(v.same_as(var) for v in _walk(diff, tvm.tirx.Var)) else None
+
+
+def zero_inserted(t) -> dict[int, tuple[int, int]]:
+    """``{axis: (s, q)}``: the axes of stage ``t`` whose inlined value tests
+    ``(u - q) % s == 0`` (the zero insertion of a strided operand)."""
+    import tvm
+
+    axes = [tvm.tirx.Var(f"u{k}", "int32") for k in range(len(t.shape))]
+    found: dict[int, tuple[int, int]] = {}
+    for mod in _walk(value_at(t, axes), tvm.tirx.FloorMod):
+        if not isinstance(mod.b, tvm.tirx.IntImm) or int(mod.b.value) < 2:
+            continue
+        s = int(mod.b.value)
+        for k, u in enumerate(axes):
+            k_off = _offset(mod.a, u)
+            if k_off is not None and found.get(k, (s,))[0] == s:
+                found[k] = (s, -k_off % s)
+    return found
+
+
+def _uses(expr, var) -> bool:
+    import tvm
+
+    return any(v.same_as(var) for v in _walk(expr, tvm.tirx.Var))
+
+
+def _linear_terms(index, out_vars, red_vars) -> tuple[int, int, int] | None:
+    """``(out axis, reduction axis, c)`` where ``index`` is ``out + red + c``, else None."""
+    outs = [k for k, v in enumerate(out_vars) if _uses(index, v)]
+    reds = [k for k, v in enumerate(red_vars) if _uses(index, v)]
+    if len(outs) != 1 or len(reds) != 1:
+        return None
+    c = _offset(index - red_vars[reds[0]], out_vars[outs[0]])
+    return None if c is None else (outs[0], reds[0], c)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to split output ``y``: its reduction reads the zero-inserted stage ``operand``
+    (once) along ``axes``."""
+
+    y: object
+    operand: object
+    axes: tuple[Axis, ...]
+
+
+def _is_sum(red) -> bool:
+    import tvm
+
+    comb = red.combiner
+    return (len(comb.result) == 1 and isinstance(comb.result[0], tvm.tirx.Add)
+            and len(comb.identity_element) == 1
+            and float(comb.identity_element[0].value) == 0.0)
+
+
+def plan(y) -> Plan | None:
+    """The :class:`Plan` for output ``y``, or None where it is no sum over a zero-inserted
+    operand read at ``i + r + c``."""
+    import tvm
+    from tvm import te
+
+    op = y.op
+    if not isinstance(op, te.ComputeOp) or op.num_outputs != 1:
+        return None
+    red = op.body[0]
+    if not isinstance(red, tvm.tirx.Reduce) or not _is_sum(red):
+        return None
+    out_vars, red_vars = [a.var for a in op.axis], [a.var for a in red.axis]
+    loads = [c for c in _walk(red.source[0], tvm.ir.expr.Call) if _is_load(c)]
+    for load in loads:
+        t = load.args[0]
+        if not _injective(t) or sum(c.args[0].op.same_as(t.op) for c in loads) != 1:
+            continue
+        axes = []
+        for dim, (s, q) in zero_inserted(t).items():
+            terms = _linear_terms(load.args[1 + dim], out_vars, red_vars)
+            if terms is None or int(red.axis[terms[1]].dom.min) != 0:
+                continue
+            o, r, c = terms
+            axes.append(Axis(dim, o, r, c, s, q, int(op.axis[o].dom.extent),
+                             int(red.axis[r].dom.extent)))
+        outs, reds = [a.out for a in axes], [a.red for a in axes]
+        alone = all(not _uses(load.args[1 + k], out_vars[a.out])
+                    and not _uses(load.args[1 + k], red_vars[a.red])
+                    for a in axes for k in range(len(t.shape)) if k != a.dim)
+        if axes and len(set(outs)) == len(outs) == len(set(reds)) and alone:
+            return Plan(y, t, tuple(axes))
+    return None
+
+
+def _residue_free(expr, variables) -> bool:
+    """No ``%`` or ``//`` in ``expr`` uses any of ``variables``."""
+    import tvm
+
+    ops = [*_walk(expr, tvm.tirx.FloorMod), *_walk(expr, tvm.tirx.FloorDiv)]
+    return not any(_uses(o, v) for o in ops for v in variables)
+
+
+def _operand(pl: Plan):
+    """``P[.., m, ..]``: the operand at ``s*(m + lo) + q`` on each zero-inserted axis (its
+    non-zeros only), or None where its value still depends on ``m`` by ``%`` or ``//``."""
+    import tvm
+    from tvm import te
+
+    t = pl.operand
+    shape, lo = list(t.shape), {}
+    for a in pl.axes:
+        first, last = a.span()
+        shape[a.dim], lo[a.dim] = last - first + 1, first
+    zero = tvm.tirx.const(0, t.dtype)
+
+    def body(*m):
+        idx, inside = list(m), []
+        for a in pl.axes:
+            idx[a.dim] = a.s * (m[a.dim] + lo[a.dim]) + a.q
+            inside += [idx[a.dim] >= 0, idx[a.dim] < t.shape[a.dim]]
+        value = te.if_then_else(te.all(*inside), value_at(t, idx), zero)
+        return tvm.sym.Analyzer().simplify(value)
+
+    p = te.compute(shape, body, name=f"{t.op.name}_compressed", tag=TAGS[0])
+    free = _residue_free(p.op.body[0], [p.op.axis[a.dim].var for a in pl.axes])
+    return (p, lo) if free else None
+
+
+def _phase(pl: Plan, operand, lo: dict, phase: tuple[int, ...]):
+    """The dense contraction of one phase: output ``[.., iq, ..]`` over taps ``t``."""
+    import tvm
+    from tvm import te
+
+    op = pl.y.op
+    red = op.body[0]
+    by_out = {a.out: (a, p) for a, p in zip(pl.axes, phase)}
+    by_red = {a.red: (a, p) for a, p in zip(pl.axes, phase)}
+    shape = [by_out[k][0].rows(by_out[k][1]) if k in by_out else ax.dom.extent
+             for k, ax in enumerate(op.axis)]
+    raxes = [te.reduce_axis((0, by_red[k][0].taps(by_red[k][1])), f"{r.var.name}_t")
+             if k in by_red else te.reduce_axis((r.dom.min, r.dom.min + r.dom.extent),
+                                                r.var.name)
+             for k, r in enumerate(red.axis)]
+
+    def load(u, idx):
+        if not u.op.same_as(pl.operand.op):
+            return None
+        new = list(idx)
+        for a in pl.axes:
+            new[a.dim] = tvm.tirx.floordiv(idx[a.dim] - a.q, a.s) - lo[a.dim]
+        return operand(*new)
+
+    def body(*ax):
+        var_map = {}
+        for k, a in enumerate(op.axis):
+            var_map[a.var] = (by_out[k][0].s * ax[k] + by_out[k][1]) if k in by_out else ax[k]
+        for k, r in enumerate(red.axis):
+            a, p = by_red.get(k, (None, 0))
+            var_map[r.var] = raxes[k].var if a is None else a.s * raxes[k].var + a.rho(p)
+        src = tvm.sym.Analyzer().simplify(rewrite(red.source[0], var_map, load))
+        extents = {**{x: int(e) for x, e in zip(ax, shape)},
+                   **{r.var: int(r.dom.extent) for r in raxes}}
+        return te.sum(_sliced(src, extents, suffix), axis=raxes)
+
+    suffix = "phase_" + "_".join(str(p) for p in phase)
+    return te.compute(shape, body, name=f"{op.name}_{suffix}", tag=TAGS[1])
+
+
+def _sliced(src, extents: dict, suffix: str):
+    """``src`` with each load whose indices are each a function of one iterator (distinct
+    ones), not all bare (a phase's taps of the weights, ``w[.., K - 1 - (s*t + rho)]``),
+    read from a stage of its own over those iterators instead: the contraction rule packs
+    only operands indexed by bare iterators."""
+    import tvm
+    from tvm import te
+
+    def load(u, idx):
+        used = [[v for v in extents if _uses(i, v)] for i in idx]
+        if any(len(vs) > 1 for vs in used) or all(isinstance(i, tvm.tirx.Var) for i in idx):
+            return None
+        axes = [vs[0] for vs in used if vs]
+        if len(axes) != len(set(axes)):
+            return None
+        stage = te.compute([extents[v] for v in axes], lambda *g: u(*(
+            rewrite(i, dict(zip(axes, g))) for i in idx)), name=f"{u.op.name}_{suffix}",
+            tag=TAGS[3])
+        return stage(*axes)
+
+    return rewrite(src, {}, load)
+
+
+def _assemble(pl: Plan, phases: dict):
+    """The output: each position from its phase's contraction (zero for a phase without
+    taps), the user's name, tag and attributes kept."""
+    import itertools
+
+    import tvm
+    from tvm import te
+
+    op = pl.y.op
+    zero = tvm.tirx.const(0, pl.y.dtype)
+
+    def value(ax, phase):
+        t = phases.get(phase)
+        if t is None:
+            return zero
+        idx = list(ax)
+        for a in pl.axes:
+            idx[a.out] = tvm.tirx.floordiv(ax[a.out], a.s)
+        return t(*idx)
+
+    def body(*ax):
+        choices = list(itertools.product(*(range(a.s) for a in pl.axes)))
+        out = value(ax, choices[-1])
+        for phase in reversed(choices[:-1]):
+            test = te.all(*(tvm.tirx.floormod(ax[a.out], a.s) == p
+                            for a, p in zip(pl.axes, phase)))
+            out = te.if_then_else(test, value(ax, phase), out)
+        return out
+
+    return te.compute(pl.y.shape, body, name=op.name, tag=op.tag or TAGS[2],
+                      attrs=op.attrs)
+
+
+def split(y):
+    """``y`` split into stride phases (see the module docstring), or None where it is not
+    a sum over a zero-inserted operand or the split does not come out exact."""
+    import itertools
+
+    pl = plan(y)
+    made = _operand(pl) if pl is not None else None
+    if made is None:
+        return None
+    operand, lo = made
+    phases = {}
+    for phase in itertools.product(*(range(a.s) for a in pl.axes)):
+        if all(a.taps(p) and a.rows(p) for a, p in zip(pl.axes, phase)):
+            t = _phase(pl, operand, lo, phase)
+            if not _residue_free(t.op.body[0], [a.var for a in t.op.axis]):
+                return None
+            phases[phase] = t
+    return _assemble(pl, phases)
+
+
+def _computes(tensors) -> list:
+    """Every compute ``tensors`` reach, producers first."""
+    from tvm import te
+
+    seen, order = set(), []
+
+    def visit(op):
+        if op in seen:
+            return
+        seen.add(op)
+        for t in op.input_tensors:
+            visit(t.op)
+        if isinstance(op, te.ComputeOp):
+            order.append(op)
+
+    for t in tensors:
+        visit(t.op)
+    return order
+
+
+def _rebuilt(op, new: dict):
+    """Injective stage ``op`` reading the replaced stages ``new`` (op -> tensor) instead."""
+    from tvm import te
+
+    def body(*ax):
+        var_map = {a.var: x for a, x in zip(op.axis, ax)}
+        return rewrite(op.body[0], var_map, lambda u, idx: new[u.op](*idx)
+                       if u.op in new else None)
+
+    return te.compute(op.output(0).shape, body, name=op.name, tag=op.tag, attrs=op.attrs)
+
+
+def split_phases(tensors: list) -> list:
+    """``tensors`` (a kernel's arguments) with each sum over a zero-inserted operand replaced
+    by its phase split (:func:`split`) and the injective stages after it rebuilt to read
+    the split; a sum that a reduction reads downstream is left whole."""
+    ops = _computes(tensors)
+    users: dict = {}
+    for op in ops:
+        for t in op.input_tensors:
+            users.setdefault(t.op, []).append(op)
+
+    def injective_after(op) -> bool:
+        return all(_injective(u.output(0)) and injective_after(u) for u in users.get(op, ()))
+
+    new: dict = {}
+    for op in ops:
+        if op.num_outputs != 1:
+            continue
+        if any(t.op in new for t in op.input_tensors):
+            new[op] = _rebuilt(op, new)
+        elif not _injective(op.output(0)) and injective_after(op):
+            made = split(op.output(0))
+            if made is not None:
+                new[op] = made
+    return [new.get(t.op, t) if t.op.num_outputs == 1 else t for t in tensors]
+
+
+def interleaved(f) -> dict[str, int]:
+    """``{iterator: s}`` where every load of injective block ``f`` reads that iterator only
+    as ``v // s`` (one ``s`` per iterator): the stage interleaves ``s`` phases along it (the
+    assembly of :func:`split`, a depth-to-space). Empty when it does not."""
+    import tvm
+
+    found: dict[str, int] = {}
+    for acc in f.reads:
+        for ix in acc.indices:
+            for div in _walk(ix, tvm.tirx.FloorDiv):
+                if isinstance(div.a, tvm.tirx.Var) and isinstance(div.b, tvm.tirx.IntImm):
+                    found.setdefault(div.a.name, int(div.b.value))
+    whole = {v for acc in f.reads for ix, names in zip(acc.indices, acc.index_vars)
+             for v in names if str(ix) == v}
+    return {v: s for v, s in found.items() if v in f.spatial and v not in whole and s > 1}
+
+
+def schedule_interleave(sch, name: str, facts: dict, target) -> str:
+    """Each interleaved iterator split by its ``s``, the phase loop unrolled right inside
+    its quotient: once unrolled, each phase's ``v % s`` is a constant and its select folds
+    away, so the body is one plain copy per phase (``y[.., s*vq + p] = phase[.., vq]``).
+    Along the innermost axis the quotient loop stays serial for LLVM, whose vectoriser
+    turns such a group of strided stores into shuffles and whole stores; along an outer
+    axis the innermost is vectorised as usual."""
+    from schedules.patterns.common import extent, parallel_loops, product, vectorize_tail
+
+    f = facts[name]
+    axes = interleaved(f)
+    blk = sch.get_sblock(name)
+    loops = sch.get_loops(blk)
+    elems = product(extent(sch, lp) for lp in loops)
+    by_var = dict(zip(f.spatial, loops))
+    first = None
+    for v, s in axes.items():
+        _, phase = sch.split(by_var[v], [None, s])
+        sch.unroll(phase)
+        first = first if first is not None else f.spatial.index(v)
+    loops = sch.get_loops(blk)
+    inner = f.spatial[-1]
+    if inner not in axes:
+        vectorize_tail(sch, [loops[-1]], target, f.out_dtype)
+    # the loops outside the first phase loop run across cores
+    parallel_loops(sch, list(loops[:first + 1]), target, elems)
+    return f"{' x '.join(f'{s} phases along {v}' for v, s in axes.items())}, unrolled"

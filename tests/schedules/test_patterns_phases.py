@@ -1,0 +1,220 @@
+"""Stride-phase split of a sum over a zero-inserted operand (:mod:`schedules.patterns.phases`):
+strided input gradients and transposed convolutions written as users write them (one
+zero-insertion stage, or topi's dilate + pad + conv), 1-D, 2-D and 3-D, strides 2 and 3 and
+per axis, asymmetric padding, phases without taps, odd and prime sizes, channels not multiples
+of 16, batch > 1, fp32 / fp16 / int8, an epilogue after the sum, against numpy float64 (exact
+integers for int8)."""
+
+import itertools
+
+import numpy as np
+import pytest
+from pattern_helpers import build_run, check, rand
+from tvm import te
+
+from schedules.patterns import phases
+
+
+def _user_dx(n, c, k, spatial, kernel, stride, pads, dtype, acc=None):
+    """dx of a strided convolution (x: [n, c, *spatial], w: [k, c, *kernel], pads ``(before,
+    after)`` per axis) as a user writes it: dy zero-inserted and padded in one stage, then
+    convolved with the flipped weights."""
+    d = len(spatial)
+    acc = acc or dtype
+    outs = [(h + pb + pa - kk) // s + 1 for h, kk, s, (pb, pa) in zip(spatial, kernel, stride,
+                                                                     pads)]
+    dy = te.placeholder((n, k, *outs), name="dy", dtype=dtype)
+    w = te.placeholder((k, c, *kernel), name="w", dtype=dtype)
+    q = [kk - 1 - pb for kk, (pb, _) in zip(kernel, pads)]
+    full = [h + kk - 1 for h, kk in zip(spatial, kernel)]
+
+    def dilated(b, o, *u):
+        inside = [te.all(u[a] >= q[a], u[a] < q[a] + stride[a] * (outs[a] - 1) + 1,
+                         (u[a] - q[a]) % stride[a] == 0) for a in range(d)]
+        src = [(u[a] - q[a]) // stride[a] for a in range(d)]
+        return te.if_then_else(te.all(*inside), dy[(b, o, *src)], te.const(0, dtype))
+
+    dil = te.compute((n, k, *full), dilated, name="dy_dilated")
+    rc = te.reduce_axis((0, k), name="rc")
+    taps = [te.reduce_axis((0, kk), name=f"r{a}") for a, kk in enumerate(kernel)]
+
+    def dx(b, ci, *i):
+        a = dil[(b, rc, *(i[a] + taps[a] for a in range(d)))].astype(acc)
+        b_ = w[(rc, ci, *(kernel[a] - 1 - taps[a] for a in range(d)))].astype(acc)
+        return te.sum(a * b_, axis=[rc, *taps])
+
+    return dy, w, te.compute((n, c, *spatial), dx, name="dx")
+
+
+def _ref_dx(dyn, wn, spatial, stride, pads):
+    """dx from the math: every dy[b, o, i] times w[o, c, r] lands at i * s - pad + r."""
+    n, _, *outs = dyn.shape
+    _, c, *kernel = wn.shape
+    canvas = [max(s * (o - 1) + kk, pb + h) for s, o, kk, (pb, _), h in
+              zip(stride, outs, kernel, pads, spatial)]
+    out = np.zeros((n, c, *canvas))
+    dy64, w64 = dyn.astype(np.float64), wn.astype(np.float64)
+    for r in itertools.product(*(range(kk) for kk in kernel)):
+        contrib = np.einsum("bo...,oc->bc...", dy64, w64[(slice(None), slice(None), *r)])
+        where = tuple(slice(rr, rr + s * (o - 1) + 1, s) for rr, s, o in zip(r, stride, outs))
+        out[(slice(None), slice(None), *where)] += contrib
+    crop = tuple(slice(pb, pb + h) for (pb, _), h in zip(pads, spatial))
+    return out[(slice(None), slice(None), *crop)]
+
+
+def _rules(why) -> dict:
+    return {stage: rule for stage, rule, _ in why.stages}
+
+
+def _phases(why, out="dx") -> list:
+    """The phase contractions the split made (``dx_phase_0_1``; not the weight slices)."""
+    return [s for s in _rules(why) if s.startswith(f"{out}_phase_")]
+
+
+def _assert_split(why, n_phases):
+    rules = _rules(why)
+    split = _phases(why)
+    assert len(split) == n_phases, rules
+    assert all(rules[s].startswith("patterns.contraction") for s in split), rules
+    assert rules["dx"] == "patterns.interleave", rules
+
+
+GEOMETRIES = [
+    # n, c, k, spatial, kernel, stride, pads ((before, after) per axis), phases with taps
+    (2, 5, 7, (14, 14), (3, 3), (2, 2), ((1, 1), (1, 1)), 4),
+    (1, 16, 32, (28, 28), (3, 3), (2, 2), ((1, 1), (1, 1)), 4),
+    (1, 6, 10, (11, 13), (3, 3), (2, 2), ((0, 2), (1, 1)), 4),
+    (1, 4, 8, (9, 9), (2, 2), (3, 3), ((0, 0), (0, 0)), 4),
+    (2, 3, 5, (10, 7), (3, 3), (2, 1), ((1, 1), (1, 1)), 2),
+    (1, 8, 12, (16, 16), (4, 4), (2, 2), ((1, 1), (1, 1)), 4),
+    (1, 7, 3, (13, 17), (5, 5), (2, 2), ((2, 2), (2, 2)), 4),
+]
+
+
+@pytest.mark.parametrize(("geo", "dtype"), [(g, "float32") for g in GEOMETRIES] +
+                         [(GEOMETRIES[0], "float16"), (GEOMETRIES[3], "float16")], ids=str)
+def test_user_strided_dx(geo, dtype):
+    """Strides 2 and 3 and (2, 1), asymmetric padding, a 4x4 kernel, a stride larger than the
+    kernel (phases without taps: zeros), odd and prime sizes, 3..32 channels, batch 2."""
+    n, c, k, spatial, kernel, stride, pads, n_phases = geo
+    rng = np.random.default_rng(83)
+    dy, w, dx = _user_dx(n, c, k, spatial, kernel, stride, pads, dtype)
+    dyn = rand([int(v) for v in dy.shape], dtype, rng)
+    wn = rand([int(v) for v in w.shape], dtype, rng)
+    (out,), why = build_run([dx], [dy, w], [dyn, wn])
+    check(out, _ref_dx(dyn, wn, spatial, stride, pads), dtype, str(geo))
+    _assert_split(why, n_phases)
+
+
+def test_user_strided_dx_int8_exact():
+    """int8 operands summed in int32: bit-exact."""
+    rng = np.random.default_rng(5)
+    spatial, kernel, stride, pads = (9, 11), (3, 3), (2, 2), ((1, 1), (1, 1))
+    dy, w, dx = _user_dx(2, 6, 9, spatial, kernel, stride, pads, "int8", acc="int32")
+    dyn = rng.integers(-128, 128, [int(v) for v in dy.shape]).astype("int8")
+    wn = rng.integers(-128, 128, [int(v) for v in w.shape]).astype("int8")
+    (out,), why = build_run([dx], [dy, w], [dyn, wn])
+    ref = _ref_dx(dyn, wn, spatial, stride, pads)
+    np.testing.assert_array_equal(out.astype(np.int64), ref.astype(np.int64))
+    _assert_split(why, 4)
+
+
+@pytest.mark.parametrize("geo", [((12,), (3,), (2,), ((1, 1),)),
+                                 ((8, 7, 9), (3, 3, 3), (2, 2, 2), ((1, 1),) * 3)], ids=str)
+def test_user_strided_dx_1d_3d(geo):
+    """A transposed conv1d (2 phases) and a 3-D dx (8 phases)."""
+    spatial, kernel, stride, pads = geo
+    rng = np.random.default_rng(7)
+    dy, w, dx = _user_dx(2, 5, 6, spatial, kernel, stride, pads, "float32")
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    wn = rand([int(v) for v in w.shape], "float32", rng)
+    (out,), why = build_run([dx], [dy, w], [dyn, wn])
+    check(out, _ref_dx(dyn, wn, spatial, stride, pads), "float32", str(geo))
+    assert len(_phases(why)) == 2 ** len(spatial)
+
+
+@pytest.mark.parametrize("geo", [(1, 8, 6, 7, 7, 3, 2, (1, 1, 1, 1), (1, 1)),
+                                 (2, 5, 4, 6, 5, 4, 2, (1, 0, 2, 1), (0, 0))], ids=str)
+def test_topi_conv2d_transpose(geo):
+    """topi's transposed conv2d (dilate, pad, then conv: three stages) against the math."""
+    from tvm import topi
+
+    n, cin, cout, ih, iw, kk, s, pad, out_pad = geo
+    rng = np.random.default_rng(11)
+    x = te.placeholder((n, cin, ih, iw), name="x")
+    w = te.placeholder((cin, cout, kk, kk), name="w")
+    y = topi.nn.conv2d_transpose_nchw(x, w, (s, s), pad, "float32", out_pad)
+    xn, wn = rand((n, cin, ih, iw), "float32", rng), rand((cin, cout, kk, kk), "float32", rng)
+    (out,), why = build_run([y], [x, w], [xn, wn])
+    size = [int(v) for v in y.shape[2:]]
+    pads = ((pad[0], pad[2]), (pad[1], pad[3]))
+    check(out, _ref_dx(xn, wn, size, (s, s), pads), "float32", str(geo))
+    assert len(_phases(why, y.op.name)) == 4, _rules(why)
+
+
+def test_epilogue_after_split():
+    """A bias and ReLU after the strided dx: the stages after the sum are rebuilt to read the
+    phases, and the interleave takes the fused epilogue."""
+    rng = np.random.default_rng(3)
+    spatial, kernel, stride, pads = (10, 10), (3, 3), (2, 2), ((1, 1), (1, 1))
+    dy, w, dx = _user_dx(1, 6, 8, spatial, kernel, stride, pads, "float32")
+    bias = te.placeholder((6,), name="bias")
+    y = te.compute(dx.shape, lambda b, c, i, j: te.max(dx[b, c, i, j] + bias[c], 0.0),
+                   name="act")
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    wn = rand([int(v) for v in w.shape], "float32", rng)
+    bn = rand((6,), "float32", rng)
+    (out,), why = build_run([y], [dy, w, bias], [dyn, wn, bn])
+    ref = np.maximum(_ref_dx(dyn, wn, spatial, stride, pads) + bn[None, :, None, None], 0)
+    check(out, ref, "float32")
+    assert _rules(why)["act"] == "patterns.interleave", _rules(why)
+
+
+def _dilated_taps_dx(dy, w, dil_rate):
+    """A strided dx whose flipped taps are dilated: the zero-inserted dy read at
+    ``i + d * r`` (not ``i + r``)."""
+    n, k, ho, wo = (int(v) for v in dy.shape)
+    _, c, kh, kw = (int(v) for v in w.shape)
+    q, s = dil_rate * (kh - 1) - 1, 2
+    size = (ho - 1) * s + 1 + 2 * q
+    dil = te.compute((n, k, size, size), lambda b, o, i, j: te.if_then_else(te.all(
+        i >= q, j >= q, i < q + (ho - 1) * s + 1, j < q + (wo - 1) * s + 1, (i - q) % s == 0,
+        (j - q) % s == 0), dy[b, o, (i - q) // s, (j - q) // s], 0.0), name="dy_dilated")
+    rc = te.reduce_axis((0, k), "rc")
+    ry, rx = te.reduce_axis((0, kh), "ry"), te.reduce_axis((0, kw), "rx")
+    h = size - dil_rate * (kh - 1)
+    return te.compute((n, c, h, h), lambda b, ci, i, j: te.sum(
+        dil[b, rc, i + dil_rate * ry, j + dil_rate * rx] * w[rc, ci, kh - 1 - ry, kw - 1 - rx],
+        axis=[rc, ry, rx]), name="dx")
+
+
+def test_left_whole():
+    """No split where it would not be exact or there are no zeros to skip (a stride-1 dx; a
+    dilated strided dx, its taps read at ``i + 2 * r``), nor under a reduction downstream;
+    each still right."""
+    rng = np.random.default_rng(9)
+    _, _, dx1 = _user_dx(1, 3, 4, (8, 8), (3, 3), (1, 1), ((1, 1), (1, 1)), "float32")
+    assert phases.split(dx1) is None
+
+    dy = te.placeholder((1, 4, 5, 5), name="dy")
+    w = te.placeholder((4, 3, 3, 3), name="w")
+    dxd = _dilated_taps_dx(dy, w, 2)
+    assert phases.split(dxd) is None
+    dyn, wn = rand((1, 4, 5, 5), "float32", rng), rand((4, 3, 3, 3), "float32", rng)
+    (out,), _ = build_run([dxd], [dy, w], [dyn, wn])
+    # the same sum from the math: dx[h] gets dy[i] * w[r] where h = 2 i - 1 + 2 (2 - r)
+    full = np.zeros((1, 3, 13, 13))
+    for r0, r1 in itertools.product(range(3), range(3)):
+        contrib = np.einsum("boij,oc->bcij", dyn.astype(np.float64), wn[:, :, r0, r1])
+        full[:, :, 2 * r0:2 * r0 + 9:2, 2 * r1:2 * r1 + 9:2] += contrib
+    check(out, full[:, :, 1:1 + int(dxd.shape[2]), 1:1 + int(dxd.shape[3])], "float32")
+
+    dy2, w2, dx2 = _user_dx(1, 3, 4, (8, 8), (3, 3), (2, 2), ((1, 1), (1, 1)), "float32")
+    i = te.reduce_axis((0, 8), name="i")
+    rowsum = te.compute((1, 3), lambda b, c: te.sum(dx2[b, c, i, 0], axis=i), name="rowsum")
+    assert phases.split_phases([dy2, w2, rowsum])[2].same_as(rowsum)
+    dyn = rand([int(v) for v in dy2.shape], "float32", rng)
+    wn = rand([int(v) for v in w2.shape], "float32", rng)
+    (out,), _ = build_run([rowsum], [dy2, w2], [dyn, wn])
+    ref = _ref_dx(dyn, wn, (8, 8), (2, 2), ((1, 1), (1, 1)))[:, :, :, 0].sum(axis=2)
+    check(out, ref, "float32")
