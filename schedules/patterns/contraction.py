@@ -408,6 +408,7 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
     mr, nv, lanes = tile
     blk = sch.get_sblock(name)
     pack = _pack(sch, blk, s_op, f, m, nv * lanes)
+    inlined = _inline_into_pack(sch, pack)
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
     m0, mv, ml = sch.split(by[m], [None, nv, lanes])
     v0, vi = sch.split(by[v], [None, mr])
@@ -437,8 +438,23 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
     return Detail(f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) "
                   f"over {v} x {m}: vectors along {m}, S packed along it"
                   + (" (transposed in blocks)" if blocked else "") + f", {v} broadcast"
-                  + (f", {', '.join(inside)} computed per parallel row" if inside else ""),
-                  also=tuple(inside))
+                  + (f", {', '.join(inside)} computed per parallel row" if inside else "")
+                  + (f", {', '.join(inlined)} computed in the pack" if inlined else ""),
+                  also=(*inside, *inlined))
+
+
+def _inline_into_pack(sch, pack) -> list[str]:
+    """An injective stage that only the pack reads (a user's flipped weights, a phase's
+    taps of them: :mod:`.phases`) computed inside the pack instead of in a pass of its own
+    before it. Returns the stages inlined."""
+    from schedules.patterns.analysis import block_facts
+
+    done = []
+    for prod in sch.get_producers(pack):
+        if block_facts(sch, prod).injective and len(sch.get_consumers(prod)) == 1:
+            done.append(sch.get(prod).name_hint)
+            sch.compute_inline(prod)
+    return done
 
 
 def _transpose_pack(sch, pack, f, op, var: str, width: int, target) -> bool:
