@@ -28,13 +28,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TAGS = ("phases.operand", "phases.phase", "phases.assemble", "phases.slice")
+TAGS = ("phases.operand", "phases.phase", "phases.assemble", "phases.slice",
+        "phases.gathered")
 
 
 @dataclass(frozen=True)
 class Axis:
-    """One zero-inserted axis: the operand's axis ``dim`` is read at ``out + red + c`` (an
-    output and a reduction iterator) and holds a non-zero where ``(u - q) % s == 0``."""
+    """One zero-inserted axis: the operand's axis ``dim`` is read at ``out + sign * red + c``
+    (an output and a reduction iterator, ``sign`` 1 or -1) and holds a non-zero where
+    ``(u - q) % s == 0``."""
 
     dim: int
     out: int  # index of the output axis
@@ -44,9 +46,10 @@ class Axis:
     q: int
     out_extent: int
     red_extent: int
+    sign: int = 1
 
     def rho(self, p: int) -> int:
-        return (self.q - p - self.c) % self.s
+        return self.sign * (self.q - p - self.c) % self.s
 
     def taps(self, p: int) -> int:
         return max(0, -(-(self.red_extent - self.rho(p)) // self.s))
@@ -55,13 +58,16 @@ class Axis:
         return max(0, -(-(self.out_extent - p) // self.s))
 
     def offset(self, p: int) -> int:
-        return (p + self.rho(p) + self.c - self.q) // self.s
+        return (p + self.sign * self.rho(p) + self.c - self.q) // self.s
 
     def span(self) -> tuple[int, int]:
-        """The compressed indices ``m`` the phases read (first, last)."""
+        """The compressed indices ``m = iq + sign * t + offset`` the phases read (first,
+        last)."""
         live = [p for p in range(self.s) if self.taps(p) and self.rows(p)]
-        lo = min(self.offset(p) for p in live)
-        hi = max(self.offset(p) + self.rows(p) + self.taps(p) - 2 for p in live)
+        back = 0 if self.sign > 0 else 1  # taps step m back from the phase's offset
+        lo = min(self.offset(p) - back * (self.taps(p) - 1) for p in live)
+        hi = max(self.offset(p) + self.rows(p) - 1 + (1 - back) * (self.taps(p) - 1)
+                 for p in live)
         return lo, hi
 
 
@@ -137,6 +143,7 @@ def zero_inserted(t) -> dict[int, tuple[int, int]]:
         s = int(mod.b.value)
         for k, u in enumerate(axes):
             k_off = _offset(mod.a, u)
+            k_off = _offset(-mod.a, u) if k_off is None else k_off
             if k_off is not None and found.get(k, (s,))[0] == s:
                 found[k] = (s, -k_off % s)
     return found
@@ -148,14 +155,18 @@ def _uses(expr, var) -> bool:
     return any(v.same_as(var) for v in _walk(expr, tvm.tirx.Var))
 
 
-def _linear_terms(index, out_vars, red_vars) -> tuple[int, int, int] | None:
-    """``(out axis, reduction axis, c)`` where ``index`` is ``out + red + c``, else None."""
+def _linear_terms(index, out_vars, red_vars) -> tuple[int, int, int, int] | None:
+    """``(out axis, reduction axis, c, sign)`` where ``index`` is ``out + sign * red + c``
+    (``sign`` 1 or -1), else None."""
     outs = [k for k, v in enumerate(out_vars) if _uses(index, v)]
     reds = [k for k, v in enumerate(red_vars) if _uses(index, v)]
     if len(outs) != 1 or len(reds) != 1:
         return None
-    c = _offset(index - red_vars[reds[0]], out_vars[outs[0]])
-    return None if c is None else (outs[0], reds[0], c)
+    for sign in (1, -1):
+        c = _offset(index - sign * red_vars[reds[0]], out_vars[outs[0]])
+        if c is not None:
+            return outs[0], reds[0], c, sign
+    return None
 
 
 @dataclass(frozen=True)
@@ -200,9 +211,9 @@ def plan(y) -> Plan | None:
             terms = _linear_terms(load.args[1 + dim], out_vars, red_vars)
             if terms is None or int(red.axis[terms[1]].dom.min) != 0:
                 continue
-            o, r, c = terms
+            o, r, c, sign = terms
             axes.append(Axis(dim, o, r, c, s, q, int(op.axis[o].dom.extent),
-                             int(red.axis[r].dom.extent)))
+                             int(red.axis[r].dom.extent), sign))
         outs, reds = [a.out for a in axes], [a.red for a in axes]
         alone = all(not _uses(load.args[1 + k], out_vars[a.out])
                     and not _uses(load.args[1 + k], red_vars[a.red])
@@ -210,6 +221,125 @@ def plan(y) -> Plan | None:
         if axes and len(set(outs)) == len(outs) == len(set(reds)) and alone:
             return Plan(y, t, tuple(axes))
     return None
+
+
+def _guarded_gathers(expr) -> list:
+    """The ``if_then_else(cond, value, 0)`` terms of ``expr`` whose condition tests a
+    residue ``(...) % s == 0``: a zero-inserted operand written inline."""
+    import tvm
+
+    out = []
+    for call in _walk(expr, tvm.ir.expr.Call):
+        if "if_then_else" not in str(getattr(call.op, "name", "")) or len(call.args) != 3:
+            continue
+        other = call.args[2]
+        if isinstance(other, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) and other.value == 0 and \
+                _walk(call.args[0], tvm.tirx.FloorMod):
+            out.append(call)
+    return out
+
+
+def _outlined(y):
+    """``y`` with a zero-inserted operand written inline in its sum (``if_then_else((h + p -
+    r) % s == 0 and .., dy[.., (h + p - r) // s, ..], 0)``) read from a stage of its own
+    (``T[.., u, ..]`` at ``u = h - r + p``), which :func:`plan` then finds; None where there
+    is none, or the term is not a function of such sums alone."""
+    import tvm
+
+    op = y.op
+    red = op.body[0]
+    out_vars, red_vars = [a.var for a in op.axis], [a.var for a in red.axis]
+    for term in _guarded_gathers(red.source[0]):
+        pairs = []  # (out axis, red axis, c, sign): per residue test, then per plain window
+        sums = [m.a for m in _walk(term.args[0], tvm.tirx.FloorMod)]
+        sums += [ix for c in _walk(term, tvm.ir.expr.Call) if _is_load(c) for ix in c.args[1:]]
+        for found in (_linear_terms(e, out_vars, red_vars) for e in sums):
+            if found is not None and found[:2] not in [p[:2] for p in pairs]:
+                pairs.append(found)
+        made = _gather_stage(op, term, pairs) if pairs else None
+        if made is not None:
+            return _reading(op, term, *made)
+    return None
+
+
+def _reading(op, term, stage, index):
+    """Sum ``op`` with its inline term ``term`` read as ``stage[index]``."""
+    from tvm import te
+
+    red = op.body[0]
+    new_red = [te.reduce_axis((r.dom.min, r.dom.min + r.dom.extent), r.var.name)
+               for r in red.axis]
+
+    def body(*ax):
+        var_map = {**{a.var: x for a, x in zip(op.axis, ax)},
+                   **{r.var: n.var for r, n in zip(red.axis, new_red)}}
+        src = _replace(red.source[0], term, stage(*index))
+        return te.sum(rewrite(src, var_map), axis=new_red)
+
+    return te.compute(op.output(0).shape, body, name=op.name, tag=op.tag, attrs=op.attrs)
+
+
+def _replace(expr, old, new):
+    """``expr`` with the node ``old`` replaced by ``new``."""
+    import tvm
+    import tvm_ffi
+
+    def on_call(c, m):
+        return new if c.same_as(old) else m.default_mutate(c)
+
+    return tvm_ffi.structural_mutate(expr, [(tvm.ir.expr.Call, on_call)])
+
+
+def _gather_stage(op, term, pairs):
+    """``(T, index)``: a stage ``T`` over the iterators ``term`` uses, each (output,
+    reduction) pair of ``pairs`` merged into one axis ``u = out + sign * red + c`` (its
+    values from 0), and the index that reads ``term`` back from it; None where ``term``
+    depends on a pair's iterators other than through ``u`` (written with ``out = u - sign *
+    red - c``, ``red`` must cancel)."""
+    import tvm
+    from tvm import te
+
+    red = op.body[0]
+    out_vars, red_vars = [a.var for a in op.axis], [a.var for a in red.axis]
+    ext = {**{a.var: int(a.dom.extent) for a in op.axis},
+           **{r.var: int(r.dom.extent) for r in red.axis}}
+    if any(int(r.dom.min) != 0 for r in red.axis):
+        return None
+    sums = [tvm.tirx.Var(f"u{k}", "int32") for k in range(len(pairs))]
+    merged = {out_vars[o]: u - sign * red_vars[r] - c for (o, r, c, sign), u in zip(pairs, sums)}
+    value = tvm.sym.Analyzer().simplify(rewrite(term, merged))
+    gone = [out_vars[o] for o, *_ in pairs] + [red_vars[r] for _, r, *_ in pairs]
+    if any(_uses(value, v) for v in gone):
+        return None
+    free = sorted((v for v in [*out_vars, *red_vars] if _uses(value, v)),
+                  key=lambda v: _first_use(term, v))
+    lows, index = [], [*free]
+    for o, r, c, sign in pairs:
+        r_ext = ext[red_vars[r]]
+        lows.append(c + min(0, sign * (r_ext - 1)))
+        index.append(out_vars[o] + sign * red_vars[r] + c - lows[-1])
+    shape = [ext[v] for v in free] + [
+        ext[out_vars[o]] + ext[red_vars[r]] - 1 for o, r, *_ in pairs]
+
+    def body(*g):
+        at = {**dict(zip(free, g)), **{u: g[len(free) + k] + lo
+                                       for k, (u, lo) in enumerate(zip(sums, lows))}}
+        return rewrite(value, at)
+
+    return te.compute(shape, body, name="gathered", tag=TAGS[4]), index
+
+
+def _first_use(expr, var) -> int:
+    """Position of the first tensor index of ``expr`` that uses ``var`` (loads in order)."""
+    import tvm
+
+    pos = 0
+    for load in (c for c in _walk(expr, tvm.ir.expr.Call) if _is_load(c)):
+        for ix in load.args[1:]:
+            if _uses(ix, var):
+                return pos
+            pos += 1
+    return pos
 
 
 def _residue_free(expr, variables) -> bool:
@@ -348,6 +478,9 @@ def split(y):
     import itertools
 
     pl = plan(y)
+    if pl is None:
+        inline = _outlined(y)
+        pl = plan(inline) if inline is not None else None
     made = _operand(pl) if pl is not None else None
     if made is None:
         return None

@@ -46,6 +46,28 @@ def _user_dx(n, c, k, spatial, kernel, stride, pads, dtype, acc=None):
     return dy, w, te.compute((n, c, *spatial), dx, name="dx")
 
 
+def _inline_dx(n, c, k, spatial, kernel, stride, pads, dtype):
+    """The same dx written as a gather inside the sum: ``dy[.., (h + p - r) // s, ..]`` where
+    ``(h + p - r) % s == 0`` and in bounds (no zero-inserted stage; taps read reversed)."""
+    d = len(spatial)
+    outs = [(h + pb + pa - kk) // s + 1 for h, kk, s, (pb, pa) in zip(spatial, kernel, stride,
+                                                                     pads)]
+    dy = te.placeholder((n, k, *outs), name="dy", dtype=dtype)
+    w = te.placeholder((k, c, *kernel), name="w", dtype=dtype)
+    rc = te.reduce_axis((0, k), name="rc")
+    taps = [te.reduce_axis((0, kk), name=f"r{a}") for a, kk in enumerate(kernel)]
+
+    def dx(b, ci, *i):
+        at = [i[a] + pads[a][0] - taps[a] for a in range(d)]
+        ok = te.all(*(te.all(at[a] % stride[a] == 0, at[a] >= 0, at[a] // stride[a] < outs[a])
+                      for a in range(d)))
+        src = dy[(b, rc, *(at[a] // stride[a] for a in range(d)))]
+        return te.sum(te.if_then_else(ok, src, te.const(0, dtype)) * w[(rc, ci, *taps)],
+                      axis=[rc, *taps])
+
+    return dy, w, te.compute((n, c, *spatial), dx, name="dx")
+
+
 def _ref_dx(dyn, wn, spatial, stride, pads):
     """dx from the math: every dy[b, o, i] times w[o, c, r] lands at i * s - pad + r."""
     n, _, *outs = dyn.shape
@@ -103,6 +125,20 @@ def test_user_strided_dx(geo, dtype):
     wn = rand([int(v) for v in w.shape], dtype, rng)
     (out,), why = build_run([dx], [dy, w], [dyn, wn])
     check(out, _ref_dx(dyn, wn, spatial, stride, pads), dtype, str(geo))
+    _assert_split(why, n_phases)
+
+
+@pytest.mark.parametrize("geo", [GEOMETRIES[0], GEOMETRIES[2], GEOMETRIES[3], GEOMETRIES[4],
+                                 ((2, 3, 4, (10,), (4,), (3,), ((2, 1),), 3))], ids=str)
+def test_inline_gather_dx(geo):
+    """The dx written as a guarded gather in the sum: outlined into a stage, then split."""
+    n, c, k, spatial, kernel, stride, pads, n_phases = geo
+    rng = np.random.default_rng(17)
+    dy, w, dx = _inline_dx(n, c, k, spatial, kernel, stride, pads, "float32")
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    wn = rand([int(v) for v in w.shape], "float32", rng)
+    (out,), why = build_run([dx], [dy, w], [dyn, wn])
+    check(out, _ref_dx(dyn, wn, spatial, stride, pads), "float32", str(geo))
     _assert_split(why, n_phases)
 
 
