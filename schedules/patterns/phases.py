@@ -12,16 +12,22 @@ times its work, and the zero-inserted operand is ``s**2`` times the size of dy.
 :func:`split_phases` rewrites the graph before it is built (:meth:`dsl.runtime.schedule.
 Schedule.prim_func`): with ``i = s*iq + p`` (phase ``p``) the taps that meet a non-zero are
 ``r = s*t + rho(p)``, ``rho(p) = (q - p - c) mod s``, and the read becomes
-``P[.., iq + t + e(p), ..]`` over the *compressed* operand ``P[.., m, ..] = dil[.., s*m + q,
-..]`` (``e(p) = (p + rho(p) + c - q) / s``, exact). Per phase that is a dense contraction
-(``dx_phase_*``, scheduled by the contraction rule); one injective stage interleaves them into
-the output (``s**d`` phases for ``d`` zero-inserted axes; a phase without taps is zero).
+``P[.., iq + t + e(p), ..]`` (``iq - t + ..`` where the taps are read reversed) over the
+*compressed* operand ``P[.., m, ..] = dil[.., s*m + q, ..]`` (``e(p) = (p + rho(p) + c - q) /
+s``, exact). Per phase that is a dense contraction (``dx_phase_*``, scheduled by the
+contraction rule; the taps of the other operands a phase reads, ``w[.., K - 1 - (s*t +
+rho)]``, in a stage of their own, :func:`_sliced`); one injective stage interleaves them into
+the output (``s**d`` phases for ``d`` zero-inserted axes; a phase without taps is zero;
+:func:`schedule_interleave`).
 
 The operand is found by what it is: an injective stage (through any injective producers:
 padding, the zero insertion itself) whose value, inlined, tests ``(u + k) % s == 0`` on an
-axis ``u`` it reads at ``i + r + c`` (an output axis plus a reduction axis, both of
-coefficient 1). ``P`` is that value at ``u = s*m + q``; where the simplifier cannot remove
-every ``% s`` and ``// s`` of ``m`` from it, or the reduction is not a sum, nothing changes.
+axis ``u`` it reads at ``i + r + c`` or ``i - r + c`` (an output axis and a reduction axis).
+Written inline in the sum instead (``if_then_else((h + p - r) % s == 0 and .., dy[.., (h + p
+- r) // s, ..], 0)``: a gather), the term is first outlined into such a stage over ``u = h -
+r + p`` (:func:`_outlined`). ``P`` is the operand's value at ``u = s*m + q``; where the
+simplifier cannot remove every ``% s`` and ``// s`` of ``m`` from it, or the reduction is not
+a sum, nothing changes.
 """
 
 from __future__ import annotations
