@@ -113,10 +113,24 @@ def rewrite(expr, var_map: dict, load=None):
                                             (tvm.ir.expr.Call, on_call)])
 
 
-def value_at(t, idx):
-    """The value of injective stage ``t`` at ``idx``, its injective producers inlined."""
+# Stage reads :func:`value_at` inlines at most: a chain that reads its producer twice per
+# stage doubles with each one, and the zero insertion sits a stage or two before the sum.
+INLINE_LIMIT = 32
+
+
+def value_at(t, idx, budget: list | None = None):
+    """The value of injective stage ``t`` at ``idx``, its injective producers inlined, the
+    first :data:`INLINE_LIMIT` reads of them (the rest read as they are)."""
+    budget = [INLINE_LIMIT] if budget is None else budget
     body = rewrite(t.op.body[0], {a.var: i for a, i in zip(t.op.axis, idx)})
-    return rewrite(body, {}, lambda u, ix: value_at(u, ix) if _injective(u) else None)
+
+    def inline(u, ix):
+        if not _injective(u) or budget[0] <= 0:
+            return None
+        budget[0] -= 1
+        return value_at(u, ix, budget)
+
+    return rewrite(body, {}, inline)
 
 
 def _walk(expr, kind) -> list:
@@ -543,8 +557,13 @@ def split_phases(tensors: list) -> list:
         for t in op.input_tensors:
             users.setdefault(t.op, []).append(op)
 
+    known: dict = {}
+
     def injective_after(op) -> bool:
-        return all(_injective(u.output(0)) and injective_after(u) for u in users.get(op, ()))
+        if op not in known:
+            known[op] = all(_injective(u.output(0)) and injective_after(u)
+                            for u in users.get(op, ()))
+        return known[op]
 
     new: dict = {}
     for op in ops:

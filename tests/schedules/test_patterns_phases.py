@@ -254,3 +254,20 @@ def test_left_whole():
     (out,), _ = build_run([rowsum], [dy2, w2], [dyn, wn])
     ref = _ref_dx(dyn, wn, (8, 8), (2, 2), ((1, 1), (1, 1)))[:, :, :, 0].sum(axis=2)
     check(out, ref, "float32")
+
+
+def test_deep_chain_inlined_within_limit():
+    """Looking for a zero insertion inlines at most ``INLINE_LIMIT`` stage reads: a chain of
+    40 stages each reading its producer twice (2**40 reads fully inlined) is left as it is
+    at once."""
+    x = te.placeholder((8, 8), name="x")
+
+    def square(y, k):
+        return te.compute((8, 8), lambda i, j: y[i, j] * y[i, j], name=f"sq{k}")
+
+    y = x
+    for k in range(40):
+        y = square(y, k)
+    r = te.reduce_axis((0, 8), name="r")
+    z = te.compute((8,), lambda i: te.sum(y[i, r], axis=r), name="z")
+    assert phases.split_phases([x, z])[1].same_as(z)
