@@ -393,7 +393,42 @@ def _operand(pl: Plan):
 
     p = te.compute(shape, body, name=f"{t.op.name}_compressed", tag=TAGS[0])
     free = _residue_free(p.op.body[0], [p.op.axis[a.dim].var for a in pl.axes])
-    return (p, lo) if free else None
+    return (p, lo) if free and _zero_between(pl) else None
+
+
+def _zero_between(pl: Plan) -> bool:
+    """Whether the operand is provably zero at every ``u`` off its residue ``q`` (``s*m + q
+    + d``, ``0 < d < s``) on each zero-inserted axis: the taps the split skips multiply
+    nothing else. A stage that tests ``u % s`` to choose between two values is not one."""
+    import tvm
+
+    t = pl.operand
+    m = tvm.tirx.Var("m", "int32")
+    for a in pl.axes:
+        for d in range(1, a.s):
+            idx = [tvm.tirx.Var(f"u{k}", "int32") for k in range(len(t.shape))]
+            idx[a.dim] = a.s * m + a.q + d
+            if not _is_zero(tvm.sym.Analyzer().simplify(value_at(t, idx))):
+                return False
+    return True
+
+
+def _is_zero(e) -> bool:
+    """Whether ``e`` is zero whatever its variables (a zero, a choice between zeros, a
+    product with a zero factor, a cast of one)."""
+    import tvm
+
+    if isinstance(e, (tvm.tirx.IntImm, tvm.tirx.FloatImm)):
+        return e.value == 0
+    if isinstance(e, tvm.tirx.Cast):
+        return _is_zero(e.value)
+    if isinstance(e, tvm.tirx.Mul):
+        return _is_zero(e.a) or _is_zero(e.b)
+    if isinstance(e, tvm.tirx.Select):
+        return _is_zero(e.true_value) and _is_zero(e.false_value)
+    if "if_then_else" in str(getattr(getattr(e, "op", None), "name", "")):
+        return _is_zero(e.args[1]) and _is_zero(e.args[2])
+    return False
 
 
 def _phase(pl: Plan, operand, lo: dict, phase: tuple[int, ...]):

@@ -271,3 +271,23 @@ def test_deep_chain_inlined_within_limit():
     r = te.reduce_axis((0, 8), name="r")
     z = te.compute((8,), lambda i: te.sum(y[i, r], axis=r), name="z")
     assert phases.split_phases([x, z])[1].same_as(z)
+
+
+def test_parity_choice_is_not_zero_insertion():
+    """A stage that tests ``u % 2`` to choose between two values (an interleave of two
+    signals, no zeros) is read whole: skipping its odd taps would drop ``b``."""
+    rng = np.random.default_rng(21)
+    a = te.placeholder((1, 3, 5), name="a")
+    b = te.placeholder((1, 3, 5), name="b")
+    w = te.placeholder((3, 4, 3), name="w")
+    mix = te.compute((1, 3, 10), lambda n, c, u: te.if_then_else(
+        u % 2 == 0, a[n, c, u // 2], b[n, c, u // 2]), name="mix")
+    rc, r = te.reduce_axis((0, 3), name="rc"), te.reduce_axis((0, 3), name="r")
+    y = te.compute((1, 4, 8), lambda n, o, i: te.sum(mix[n, rc, i + r] * w[rc, o, r],
+                                                     axis=[rc, r]), name="y")
+    assert phases.split(y) is None
+    an, bn, wn = (rand(s, "float32", rng) for s in ((1, 3, 5), (1, 3, 5), (3, 4, 3)))
+    (out,), _ = build_run([y], [a, b, w], [an, bn, wn])
+    mixed = np.stack([an, bn], axis=-1).reshape(1, 3, 10).astype(np.float64)
+    ref = np.stack([np.einsum("ncr,cor->no", mixed[:, :, i:i + 3], wn) for i in range(8)], -1)
+    check(out, ref, "float32")
