@@ -153,12 +153,16 @@ def _apply_window(sch, names, facts, target):
 
 
 def _match_interleave(facts, name, outputs):
+    """Several stages interleaved along some axes (the phases of :mod:`.phases`), or one
+    spread along the output's innermost axis (``x[.., j // s]``: a nearest upsample, a pixel
+    shuffle); a stage that reads ``v // s`` only along outer axes gains nothing over the
+    plain injective rule."""
     f = facts[name]
-    axes = phases.interleaved(f) if f.injective and len(f.reads) > 1 else {}
-    if not axes:
+    axes = phases.interleaved(f) if f.injective else {}
+    if not axes or (len(f.reads) < 2 and f.spatial[-1] not in axes):
         return None
-    return [name], (f"{f.kind}: interleaves {len(f.reads)} stages, each read at v // s along "
-                    f"{', '.join(axes)}")
+    what = f"interleaves {len(f.reads)} stages" if len(f.reads) > 1 else "spreads its input"
+    return [name], f"{f.kind}: {what}, read at v // s along {', '.join(axes)}"
 
 
 def _match_injective(facts, name, outputs):

@@ -615,8 +615,9 @@ def split_phases(tensors: list) -> list:
 
 def interleaved(f) -> dict[str, int]:
     """``{iterator: s}`` where every load of injective block ``f`` reads that iterator only
-    as ``v // s`` (one ``s`` per iterator): the stage interleaves ``s`` phases along it (the
-    assembly of :func:`split`, a depth-to-space). Empty when it does not."""
+    as ``v // s`` (and ``v % s``; one ``s`` per iterator): the stage interleaves ``s`` phases
+    along it (the assembly of :func:`split`, a pixel shuffle, a nearest upsample). Empty
+    when it does not."""
     import tvm
 
     found: dict[str, int] = {}

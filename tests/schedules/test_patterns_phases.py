@@ -291,3 +291,41 @@ def test_parity_choice_is_not_zero_insertion():
     mixed = np.stack([an, bn], axis=-1).reshape(1, 3, 10).astype(np.float64)
     ref = np.stack([np.einsum("ncr,cor->no", mixed[:, :, i:i + 3], wn) for i in range(8)], -1)
     check(out, ref, "float32")
+
+
+@pytest.mark.parametrize("r", [2, 3])
+def test_interleave_pixel_shuffle(r):
+    """A user's pixel shuffle (``x[.., c * r * r + (i % r) * r + j % r, i // r, j // r]``)
+    takes the interleave rule: exact."""
+    rng = np.random.default_rng(r)
+    n, c, h, w = 2, 5, 6, 7
+    x = te.placeholder((n, c * r * r, h, w), name="x")
+    y = te.compute((n, c, h * r, w * r), lambda b, ci, i, j: x[
+        b, ci * r * r + (i % r) * r + j % r, i // r, j // r], name="shuffle")
+    xn = rand((n, c * r * r, h, w), "float32", rng)
+    (out,), why = build_run([y], [x], [xn])
+    ref = xn.reshape(n, c, r, r, h, w).transpose(0, 1, 4, 2, 5, 3).reshape(n, c, h * r, w * r)
+    np.testing.assert_array_equal(out, ref)
+    assert _rules(why)["shuffle"] == "patterns.interleave", _rules(why)
+
+
+@pytest.mark.parametrize("size", [(8, 12), (7, 9)], ids=str)
+def test_interleave_nearest_upsample(size):
+    """A nearest upsample (``x[.., i // 2, j // 3]``), also to odd sizes (a ragged last
+    phase), takes the interleave rule; a space-to-depth (``x[.., j * 2 + k % 2]``: nothing
+    read at ``j // s``) keeps the plain injective rule. Both exact."""
+    rng = np.random.default_rng(4)
+    ho, wo = size
+    x = te.placeholder((3, 4, 4, 4), name="x")
+    y = te.compute((3, 4, ho, wo), lambda b, c, i, j: x[b, c, i // 2, j // 3], name="up")
+    xn = rand((3, 4, 4, 4), "float32", rng)
+    (out,), why = build_run([y], [x], [xn])
+    np.testing.assert_array_equal(out, xn[:, :, np.arange(ho) // 2][:, :, :, np.arange(wo) // 3])
+    assert _rules(why)["up"] == "patterns.interleave", _rules(why)
+
+    z = te.compute((3, 16, 2, 2), lambda b, k, i, j: x[b, k // 4, i * 2 + k % 4 // 2,
+                                                     j * 2 + k % 2], name="unshuffle")
+    (out,), why = build_run([z], [x], [xn])
+    ref = xn.reshape(3, 4, 2, 2, 2, 2).transpose(0, 1, 3, 5, 2, 4).reshape(3, 16, 2, 2)
+    np.testing.assert_array_equal(out, ref)
+    assert _rules(why)["unshuffle"] == "patterns.injective", _rules(why)
