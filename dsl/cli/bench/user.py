@@ -14,7 +14,7 @@ default schedule, no tuning. Rows:
   operator, the "plain" peer: a fused stage should cost nothing);
 * memory-bound (GB/s: the bytes one call must read and write at least): softmax over rows of
   1024 and 4096 (the larger exceeds L2 and L3), layer-norm, RMS-norm, an exp/mul/add chain over
-  2^24 elements.
+  2^24 elements, a pixel shuffle.
 
 The main peer is PyTorch (numpy when PyTorch is absent); numpy (and the plain operator) are
 further peers. Every row is checked against the main peer at full size. ``DSL_BENCH_USER_SIZE=
@@ -354,6 +354,27 @@ def _rms_norm(d) -> Case:
     return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
 
 
+def _pixel_shuffle(d) -> Case:
+    """A pixel shuffle (depth to space) as a user writes it: one gather stage."""
+    from tvm import te
+
+    n, c, hw, r = d["n"], d["c"], d["hw"], d["r"]
+    x = te.placeholder((n, c * r * r, hw, hw), name="x")
+    y = te.compute((n, c, hw * r, hw * r), lambda b, ci, i, j: x[
+        b, ci * r * r + i % r * r + j % r, i // r, j // r], name="pixel_shuffle")
+    xv = _data((n, c * r * r, hw, hw), 20)
+
+    def numpy_fn():
+        return xv.reshape(n, c, r, r, hw, hw).transpose(0, 1, 4, 2, 5, 3).reshape(
+            n, c, hw * r, hw * r)
+
+    def torch_fn(torch):
+        tx = torch.from_numpy(xv)
+        return lambda: torch.nn.functional.pixel_shuffle(tx, r).contiguous()
+
+    return Case([x], [y], [xv], torch_fn, numpy_fn)
+
+
 def _elementwise_chain(d) -> Case:
     from dsl.compat import tvm
     from dsl.ops import vector as vec
@@ -567,6 +588,10 @@ def specs() -> list[Spec]:
              lambda d: 8.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1, 2)),
         Spec("rms_norm_8192x1024", "norm", norm, _rms_norm,
              lambda d: 4.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1, 1)),
+        Spec("pixel_shuffle_r2_256x112x112", "layout",
+             {"full": {"n": 1, "c": 64, "hw": 112, "r": 2},
+              "tiny": {"n": 2, "c": 3, "hw": 5, "r": 2}}, _pixel_shuffle,
+             lambda d: 0.0, lambda d: 2.0 * F32 * d["n"] * d["c"] * (d["hw"] * d["r"]) ** 2),
         Spec("exp_mul_add_2p24", "eltwise", {"full": {"n": 1 << 24}, "tiny": {"n": 1031}},
              _elementwise_chain, lambda d: 3.0 * d["n"], lambda d: 3.0 * F32 * d["n"]),
         Spec("dx_residual_relugrad_resnet50_3x3", "dx_ep", layers, _dx_residual_relugrad,
