@@ -465,6 +465,10 @@ def _phase(pl: Plan, operand, lo: dict, phase: tuple[int, ...]):
         src = tvm.sym.Analyzer().simplify(rewrite(red.source[0], var_map, load))
         extents = {**{x: int(e) for x, e in zip(ax, shape)},
                    **{r.var: int(r.dom.extent) for r in raxes}}
+        if all(int(r.dom.extent) == 1 for r in raxes):
+            # one tap (a depthwise or pooling phase): no reduction left, a plain product
+            return tvm.sym.Analyzer().simplify(
+                rewrite(src, {r.var: tvm.tirx.const(0, "int32") for r in raxes}))
         return te.sum(_sliced(src, extents, suffix), axis=raxes)
 
     suffix = "phase_" + "_".join(str(p) for p in phase)

@@ -42,10 +42,41 @@ def rfactor_inner(sch, name: str, target, row_loop=None):
     dtype = str(sch.get(blk).body.buffer.dtype)
     n = extent(sch, loops[-1])
     width = _rfactor_width(target, dtype, n)
+    run = _contiguous_run(sch, blk)
+    if run > 1:
+        whole = product(extent(sch, lp) for lp in loops[-run:])
+        if _rfactor_width(target, dtype, whole) > width:
+            # one loop over the run: a 56-column row alone is no whole number of vectors,
+            # an image of 56 x 56 is
+            sch.fuse(*loops[-run:])
+            loops, width = sch.get_loops(blk), _rfactor_width(target, dtype, whole)
     if not width:
         return None
     _, ki = sch.split(loops[-1], [None, width])
     return sch.rfactor(ki, len(sch.get(blk).body.indices))
+
+
+def _contiguous_run(sch, blk) -> int:
+    """How many of the innermost reduction loops of unscheduled block ``blk`` every load
+    reads as its trailing dimensions, bare and in order, each but the first whole: one
+    contiguous run of memory (a channel's ``H x W`` in NCHW), fusable into one loop."""
+    from schedules.patterns.analysis import block_facts
+
+    f = block_facts(sch, blk)
+    loops = sch.get_loops(blk)
+    if len(loops) != len(f.spatial) + len(f.reduce) or not f.reads:
+        return 1
+    run = 1
+    for k in range(2, len(f.reduce) + 1):
+        tail = f.reduce[-k:]
+        if not all([str(ix) for ix in acc.indices[-k:]] == tail and
+                   all(acc.shape[len(acc.shape) - k + t] == f.extents[tail[t]]
+                       for t in range(1, k)) for acc in f.reads if len(acc.indices) >= k):
+            break
+        if any(len(acc.indices) < k for acc in f.reads):
+            break
+        run = k
+    return run
 
 
 def finish_rfactor(sch, rf) -> None:

@@ -329,3 +329,41 @@ def test_interleave_nearest_upsample(size):
     ref = xn.reshape(3, 4, 2, 2, 2, 2).transpose(0, 1, 3, 5, 2, 4).reshape(3, 16, 2, 2)
     np.testing.assert_array_equal(out, ref)
     assert _rules(why)["unshuffle"] == "patterns.injective", _rules(why)
+
+
+def _pool_or_depthwise_dx(n, c, h, ks, p, s, weights: bool):
+    """The dx of a strided depthwise conv2d (``weights``) or of an average pool, written as a
+    gather: one tap per phase where the stride divides the window's step."""
+    ho = (h + 2 * p - ks) // s + 1
+    dy = te.placeholder((n, c, ho, ho), name="dy")
+    w = te.placeholder((c, 1, ks, ks), name="w")
+    ry, rx = te.reduce_axis((0, ks), name="ry"), te.reduce_axis((0, ks), name="rx")
+
+    def body(b, ci, i, j):
+        hh, ww = i + p - ry, j + p - rx
+        ok = te.all(hh % s == 0, ww % s == 0, hh >= 0, ww >= 0, hh // s < ho, ww // s < ho)
+        tap = w[ci, 0, ry, rx] if weights else te.const(1.0 / ks / ks, "float32")
+        return te.sum(te.if_then_else(ok, dy[b, ci, hh // s, ww // s], 0.0) * tap,
+                      axis=[ry, rx])
+
+    return dy, w, te.compute((n, c, h, h), body, name="dx")
+
+
+@pytest.mark.parametrize("weights", [True, False], ids=["depthwise", "avg_pool"])
+def test_depthwise_and_pool_dx_phases(weights):
+    """Each phase a window reduction; the one-tap phase a plain product (no reduction left,
+    inlined into the interleave). Against numpy float64."""
+    n, c, h, ks, p, s = 2, 5, 12, 3, 1, 2
+    rng = np.random.default_rng(29)
+    dy, w, dx = _pool_or_depthwise_dx(n, c, h, ks, p, s, weights)
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    wn = rand((c, 1, ks, ks), "float32", rng) if weights else \
+        np.full((c, 1, ks, ks), 1.0 / ks / ks, np.float32)
+    ins, arrays = ([dy, w], [dyn, wn]) if weights else ([dy], [dyn])
+    (out,), why = build_run([dx], ins, arrays)
+    ref = np.stack([_ref_dx(dyn[:, k:k + 1], wn[k:k + 1], (h, h), (s, s), ((p, p), (p, p)))[:, 0]
+                    for k in range(c)], axis=1)
+    check(out, ref, "float32")
+    rules = _rules(why)
+    assert rules["dx_phase_0_0"] == "patterns.inline", rules
+    assert rules["dx"] == "patterns.interleave", rules

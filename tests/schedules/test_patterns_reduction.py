@@ -97,3 +97,25 @@ def test_global_sum(n):
     (out,), why = build_run([t], [z], [zn])
     check(out, np.array([zn.astype(np.float64).sum()]), "float32", "sum")
     assert why.rule_of("t") == "patterns.inner_reduction"
+
+
+@pytest.mark.parametrize(("shape", "whole"), [((3, 5, 8, 56), True), ((2, 4, 6, 9), False),
+                                              ((2, 3, 5, 32), True)], ids=str)
+def test_channel_sums_over_an_image(shape, whole):
+    """A batch-norm gradient's per-channel sum ``sum_{b, i, j} dy * x`` over NCHW: the image's
+    rows (56 columns: no whole number of vectors alone) fused into one contiguous reduction
+    loop and vectorised where the image is (8 x 56, 5 x 32); a 6 x 9 image is not, and stays
+    serial. Against numpy float64."""
+    n, c, h, w = shape
+    rng = np.random.default_rng(23)
+    x = te.placeholder(shape, name="x")
+    dy = te.placeholder(shape, name="dy")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (h, "i"), (w, "j")))
+    y = te.compute((c,), lambda ci: te.sum(dy[b, ci, i, j] * x[b, ci, i, j], axis=[b, i, j]),
+                   name="dgamma")
+    xn, dyn = rand(shape, "float32", rng), rand(shape, "float32", rng)
+    (out,), why = build_run([y], [x, dy], [xn, dyn])
+    ref = (dyn.astype(np.float64) * xn).sum(axis=(0, 2, 3))
+    check(out, ref, "float32")
+    note = {s: w for s, _, w in why.stages}["dgamma"]
+    assert ("rfactor-vectorised" in note) == whole, note
