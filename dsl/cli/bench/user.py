@@ -14,7 +14,7 @@ default schedule, no tuning. Rows:
   operator, the "plain" peer: a fused stage should cost nothing);
 * memory-bound (GB/s: the bytes one call must read and write at least): softmax over rows of
   1024 and 4096 (the larger exceeds L2 and L3), layer-norm, RMS-norm, an exp/mul/add chain over
-  2^24 elements, a pixel shuffle.
+  2^24 elements, a pixel shuffle, a batch-norm gradient's per-channel sums.
 
 The main peer is PyTorch (numpy when PyTorch is absent); numpy (and the plain operator) are
 further peers. Every row is checked against the main peer at full size. ``DSL_BENCH_USER_SIZE=
@@ -375,6 +375,26 @@ def _pixel_shuffle(d) -> Case:
     return Case([x], [y], [xv], torch_fn, numpy_fn)
 
 
+def _channel_sums(d) -> Case:
+    """A batch-norm gradient's per-channel sum over NCHW, ``sum_{n, h, w} dy * x``."""
+    from tvm import te
+
+    n, c, hw = d["n"], d["c"], d["hw"]
+    x = te.placeholder((n, c, hw, hw), name="x")
+    dy = te.placeholder((n, c, hw, hw), name="dy")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (hw, "i"), (hw, "j")))
+    y = te.compute((c,), lambda ci: te.sum(dy[b, ci, i, j] * x[b, ci, i, j], axis=[b, i, j]),
+                   name="dgamma")
+    xv, dyv = _data((n, c, hw, hw), 21), _data((n, c, hw, hw), 22)
+
+    def torch_fn(torch):
+        tx, tdy = torch.from_numpy(xv), torch.from_numpy(dyv)
+        return lambda: (tdy * tx).sum(dim=(0, 2, 3))
+
+    return Case([x, dy], [y], [xv, dyv], torch_fn,
+                lambda: (dyv.astype(np.float64) * xv).sum(axis=(0, 2, 3)))
+
+
 def _elementwise_chain(d) -> Case:
     from dsl.compat import tvm
     from dsl.ops import vector as vec
@@ -588,6 +608,10 @@ def specs() -> list[Spec]:
              lambda d: 8.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1, 2)),
         Spec("rms_norm_8192x1024", "norm", norm, _rms_norm,
              lambda d: 4.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1, 1)),
+        Spec("bn_dgamma_8x64x56x56", "reduction",
+             {"full": {"n": 8, "c": 64, "hw": 56}, "tiny": {"n": 2, "c": 3, "hw": 8}},
+             _channel_sums, lambda d: 2.0 * d["n"] * d["c"] * d["hw"] ** 2,
+             lambda d: 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
         Spec("pixel_shuffle_r2_256x112x112", "layout",
              {"full": {"n": 1, "c": 64, "hw": 112, "r": 2},
               "tiny": {"n": 2, "c": 3, "hw": 5, "r": 2}}, _pixel_shuffle,
