@@ -119,3 +119,40 @@ def test_channel_sums_over_an_image(shape, whole):
     check(out, ref, "float32")
     note = {s: w for s, _, w in why.stages}["dgamma"]
     assert ("rfactor-vectorised" in note) == whole, note
+
+
+@pytest.mark.parametrize("group", [False, True], ids=["alone", "row_group"])
+def test_partials_folded_to_one_vector(group):
+    """A row of 1024 summed in several vectors of partials: the partials are added vector by
+    vector into one vector before its lanes are summed (a chain of ``lanes`` scalar adds a
+    row, not four times that), for a sum alone and for a softmax's; both against numpy."""
+    import dsl
+    import targets
+
+    rng = np.random.default_rng(31)
+    lanes = targets.current().lanes("float32")
+    x = te.placeholder((6, 1024), name="x")
+    k = te.reduce_axis((0, 1024), name="k")
+    if group:
+        y = softmax_graph(x, (6, 1024), "float32")
+    else:
+        y = te.compute((6,), lambda i: te.sum(x[i, k], axis=k), name="y")
+    xn = rand((6, 1024), "float32", rng)
+    (out,), _ = build_run([y], [x], [xn])
+    if group:
+        e = np.exp(xn - xn.max(-1, keepdims=True).astype(np.float64))
+        check(out, e / e.sum(-1, keepdims=True), "float32")
+    else:
+        check(out, xn.astype(np.float64).sum(-1), "float32")
+    func = dsl.auto_schedule([y]).s_tir([x, y]).mod["main"]
+    partials = [b for b in _allocated(func) if len(b.shape) == 2 and int(b.shape[0]) == 6]
+    assert sorted(int(b.shape[1]) for b in partials)[:1] == [lanes], [b.shape for b in partials]
+
+
+def _allocated(func) -> list:
+    import tvm
+    import tvm_ffi
+
+    blocks: list = []
+    tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, blocks.append), order="post")
+    return [buf for b in blocks for buf in b.alloc_buffers]
