@@ -66,16 +66,14 @@ def _contiguous_run(sch, blk) -> int:
     loops = sch.get_loops(blk)
     if len(loops) != len(f.spatial) + len(f.reduce) or not f.reads:
         return 1
+    def trailing(acc, tail) -> bool:  # the load's last dims are ``tail``, all but one whole
+        k = len(tail)
+        return (len(acc.indices) >= k and [str(ix) for ix in acc.indices[-k:]] == tail
+                and all(acc.shape[t - k] == f.extents[tail[t]] for t in range(1, k)))
+
     run = 1
-    for k in range(2, len(f.reduce) + 1):
-        tail = f.reduce[-k:]
-        if not all([str(ix) for ix in acc.indices[-k:]] == tail and
-                   all(acc.shape[len(acc.shape) - k + t] == f.extents[tail[t]]
-                       for t in range(1, k)) for acc in f.reads if len(acc.indices) >= k):
-            break
-        if any(len(acc.indices) < k for acc in f.reads):
-            break
-        run = k
+    while run < len(f.reduce) and all(trailing(acc, f.reduce[-run - 1:]) for acc in f.reads):
+        run += 1
     return run
 
 
