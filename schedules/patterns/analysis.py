@@ -26,7 +26,8 @@ import tvm_ffi
 SPATIAL, REDUCE = 0, 2
 
 
-def _walk(expr, kind) -> list:
+def nodes_of(expr, kind) -> list:
+    """Every node of type ``kind`` in ``expr`` (post order)."""
     out = []
     tvm_ffi.structural_walk(expr, (kind, out.append), order="post")
     return out
@@ -36,13 +37,13 @@ def loads_of(expr) -> list:
     """Every buffer load in ``expr`` (post order)."""
     from tvm.ir.expr import TensorLoad
 
-    return _walk(expr, TensorLoad)
+    return nodes_of(expr, TensorLoad)
 
 
 def vars_of(expr) -> set[str]:
     from tvm.ir.prim.expr import Var
 
-    return {v.name for v in _walk(expr, Var)}
+    return {v.name for v in nodes_of(expr, Var)}
 
 
 def stride_in(index, var: str) -> int | None:
@@ -51,7 +52,7 @@ def stride_in(index, var: str) -> int | None:
     from tvm.ir.prim.expr import Var
     from tvm.sym.pattern import detect_linear_equation
 
-    vs = [v for v in _walk(index, Var) if v.name == var]
+    vs = [v for v in nodes_of(index, Var) if v.name == var]
     if not vs:
         return 0
     res = detect_linear_equation(index, [vs[0]])
@@ -64,10 +65,10 @@ def _is_guarded(expr) -> bool:
     from tvm.ir.expr import Call
     from tvm.ir.prim.expr import Select
 
-    if _walk(expr, Select):
+    if nodes_of(expr, Select):
         return True
     return any(getattr(c.op, "name", "") == "tirx.if_then_else" or
-               "if_then_else" in str(getattr(c.op, "name", "")) for c in _walk(expr, Call))
+               "if_then_else" in str(getattr(c.op, "name", "")) for c in nodes_of(expr, Call))
 
 
 def transcendental(expr) -> bool:
@@ -75,7 +76,7 @@ def transcendental(expr) -> bool:
     from tvm.ir.expr import Call
 
     return any("if_then_else" not in str(getattr(c.op, "name", "")) and
-               "reinterpret" not in str(getattr(c.op, "name", "")) for c in _walk(expr, Call))
+               "reinterpret" not in str(getattr(c.op, "name", "")) for c in nodes_of(expr, Call))
 
 
 @dataclass
@@ -140,13 +141,13 @@ def _grouped(indices) -> dict:
 
     divs: dict = {}
     for ix in indices:
-        for d in _walk(ix, FloorDiv):
+        for d in nodes_of(ix, FloorDiv):
             if isinstance(d.a, Var) and isinstance(d.b, IntImm) and int(d.b.value) > 1:
                 divs.setdefault(d.a.name, set()).add(int(d.b.value))
     out = {}
     for name, ks in divs.items():
-        bare = sum(1 for ix in indices for v in _walk(ix, Var) if v.name == name)
-        inside = sum(1 for ix in indices for d in _walk(ix, FloorDiv)
+        bare = sum(1 for ix in indices for v in nodes_of(ix, Var) if v.name == name)
+        inside = sum(1 for ix in indices for d in nodes_of(ix, FloorDiv)
                      if isinstance(d.a, Var) and d.a.name == name)
         if len(ks) == 1 and bare == inside:
             out[name] = ks.pop()

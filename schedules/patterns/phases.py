@@ -34,8 +34,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TAGS = ("phases.operand", "phases.phase", "phases.assemble", "phases.slice",
-        "phases.gathered")
+from schedules.patterns.analysis import nodes_of
+
+# Tags of the stages the split makes (the user's output keeps its own name and tag).
+OPERAND_TAG = "phases.operand"      # the compressed operand P
+PHASE_TAG = "phases.phase"          # one phase's contraction
+ASSEMBLE_TAG = "phases.assemble"    # the interleave, where the user's output had no tag
+SLICE_TAG = "phases.slice"          # a phase's taps of another operand
+GATHERED_TAG = "phases.gathered"    # an inline gather outlined into a stage
 
 
 @dataclass(frozen=True)
@@ -133,21 +139,13 @@ def value_at(t, idx, budget: list | None = None):
     return rewrite(body, {}, inline)
 
 
-def _walk(expr, kind) -> list:
-    import tvm_ffi
-
-    out: list = []
-    tvm_ffi.structural_walk(expr, (kind, out.append), order="post")
-    return out
-
-
 def _offset(expr, var) -> int | None:
     """``k`` where ``expr`` is ``var + k``, else None."""
     import tvm
 
     diff = tvm.sym.Analyzer().simplify(expr - var)
     return int(diff.value) if isinstance(diff, tvm.tirx.IntImm) and \
-        not any(v.same_as(var) for v in _walk(diff, tvm.tirx.Var)) else None
+        not any(v.same_as(var) for v in nodes_of(diff, tvm.tirx.Var)) else None
 
 
 def zero_inserted(t) -> dict[int, tuple[int, int]]:
@@ -157,7 +155,7 @@ def zero_inserted(t) -> dict[int, tuple[int, int]]:
 
     axes = [tvm.tirx.Var(f"u{k}", "int32") for k in range(len(t.shape))]
     found: dict[int, tuple[int, int]] = {}
-    for mod in _walk(value_at(t, axes), tvm.tirx.FloorMod):
+    for mod in nodes_of(value_at(t, axes), tvm.tirx.FloorMod):
         if not isinstance(mod.b, tvm.tirx.IntImm) or int(mod.b.value) < 2:
             continue
         s = int(mod.b.value)
@@ -172,7 +170,7 @@ def zero_inserted(t) -> dict[int, tuple[int, int]]:
 def _uses(expr, var) -> bool:
     import tvm
 
-    return any(v.same_as(var) for v in _walk(expr, tvm.tirx.Var))
+    return any(v.same_as(var) for v in nodes_of(expr, tvm.tirx.Var))
 
 
 def _linear_terms(index, out_vars, red_vars) -> tuple[int, int, int, int] | None:
@@ -221,7 +219,7 @@ def plan(y) -> Plan | None:
     if not isinstance(red, tvm.tirx.Reduce) or not _is_sum(red):
         return None
     out_vars, red_vars = [a.var for a in op.axis], [a.var for a in red.axis]
-    loads = [c for c in _walk(red.source[0], tvm.ir.expr.Call) if _is_load(c)]
+    loads = [c for c in nodes_of(red.source[0], tvm.ir.expr.Call) if _is_load(c)]
     for load in loads:
         t = load.args[0]
         if not _injective(t) or sum(c.args[0].op.same_as(t.op) for c in loads) != 1:
@@ -249,12 +247,12 @@ def _guarded_gathers(expr) -> list:
     import tvm
 
     out = []
-    for call in _walk(expr, tvm.ir.expr.Call):
+    for call in nodes_of(expr, tvm.ir.expr.Call):
         if "if_then_else" not in str(getattr(call.op, "name", "")) or len(call.args) != 3:
             continue
         other = call.args[2]
         if isinstance(other, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) and other.value == 0 and \
-                _walk(call.args[0], tvm.tirx.FloorMod):
+                nodes_of(call.args[0], tvm.tirx.FloorMod):
             out.append(call)
     return out
 
@@ -271,8 +269,8 @@ def _outlined(y):
     out_vars, red_vars = [a.var for a in op.axis], [a.var for a in red.axis]
     for term in _guarded_gathers(red.source[0]):
         pairs = []  # (out axis, red axis, c, sign): per residue test, then per plain window
-        sums = [m.a for m in _walk(term.args[0], tvm.tirx.FloorMod)]
-        sums += [ix for c in _walk(term, tvm.ir.expr.Call) if _is_load(c) for ix in c.args[1:]]
+        sums = [m.a for m in nodes_of(term.args[0], tvm.tirx.FloorMod)]
+        sums += [ix for c in nodes_of(term, tvm.ir.expr.Call) if _is_load(c) for ix in c.args[1:]]
         for found in (_linear_terms(e, out_vars, red_vars) for e in sums):
             if found is not None and found[:2] not in [p[:2] for p in pairs]:
                 pairs.append(found)
@@ -346,7 +344,7 @@ def _gather_stage(op, term, pairs):
                                        for k, (u, lo) in enumerate(zip(sums, lows))}}
         return rewrite(value, at)
 
-    return te.compute(shape, body, name="gathered", tag=TAGS[4]), index
+    return te.compute(shape, body, name="gathered", tag=GATHERED_TAG), index
 
 
 def _first_use(expr, var) -> int:
@@ -354,7 +352,7 @@ def _first_use(expr, var) -> int:
     import tvm
 
     pos = 0
-    for load in (c for c in _walk(expr, tvm.ir.expr.Call) if _is_load(c)):
+    for load in (c for c in nodes_of(expr, tvm.ir.expr.Call) if _is_load(c)):
         for ix in load.args[1:]:
             if _uses(ix, var):
                 return pos
@@ -366,7 +364,7 @@ def _residue_free(expr, variables) -> bool:
     """No ``%`` or ``//`` in ``expr`` uses any of ``variables``."""
     import tvm
 
-    ops = [*_walk(expr, tvm.tirx.FloorMod), *_walk(expr, tvm.tirx.FloorDiv)]
+    ops = [*nodes_of(expr, tvm.tirx.FloorMod), *nodes_of(expr, tvm.tirx.FloorDiv)]
     return not any(_uses(o, v) for o in ops for v in variables)
 
 
@@ -391,7 +389,7 @@ def _operand(pl: Plan):
         value = te.if_then_else(te.all(*inside), value_at(t, idx), zero)
         return tvm.sym.Analyzer().simplify(value)
 
-    p = te.compute(shape, body, name=f"{t.op.name}_compressed", tag=TAGS[0])
+    p = te.compute(shape, body, name=f"{t.op.name}_compressed", tag=OPERAND_TAG)
     free = _residue_free(p.op.body[0], [p.op.axis[a.dim].var for a in pl.axes])
     return (p, lo) if free and _zero_between(pl) else None
 
@@ -472,7 +470,7 @@ def _phase(pl: Plan, operand, lo: dict, phase: tuple[int, ...]):
         return te.sum(_sliced(src, extents, suffix), axis=raxes)
 
     suffix = "phase_" + "_".join(str(p) for p in phase)
-    return te.compute(shape, body, name=f"{op.name}_{suffix}", tag=TAGS[1])
+    return te.compute(shape, body, name=f"{op.name}_{suffix}", tag=PHASE_TAG)
 
 
 def _sliced(src, extents: dict, suffix: str):
@@ -492,7 +490,7 @@ def _sliced(src, extents: dict, suffix: str):
             return None
         stage = te.compute([extents[v] for v in axes], lambda *g: u(*(
             rewrite(i, dict(zip(axes, g))) for i in idx)), name=f"{u.op.name}_{suffix}",
-            tag=TAGS[3])
+            tag=SLICE_TAG)
         return stage(*axes)
 
     return rewrite(src, {}, load)
@@ -527,7 +525,7 @@ def _assemble(pl: Plan, phases: dict):
             out = te.if_then_else(test, value(ax, phase), out)
         return out
 
-    return te.compute(pl.y.shape, body, name=op.name, tag=op.tag or TAGS[2],
+    return te.compute(pl.y.shape, body, name=op.name, tag=op.tag or ASSEMBLE_TAG,
                       attrs=op.attrs)
 
 
@@ -627,7 +625,7 @@ def interleaved(f) -> dict[str, int]:
     found: dict[str, int] = {}
     for acc in f.reads:
         for ix in acc.indices:
-            for div in _walk(ix, tvm.tirx.FloorDiv):
+            for div in nodes_of(ix, tvm.tirx.FloorDiv):
                 if isinstance(div.a, tvm.tirx.Var) and isinstance(div.b, tvm.tirx.IntImm):
                     found.setdefault(div.a.name, int(div.b.value))
     whole = {v for acc in f.reads for ix, names in zip(acc.indices, acc.index_vars)
@@ -650,11 +648,11 @@ def schedule_interleave(sch, name: str, facts: dict, target) -> str:
     loops = sch.get_loops(blk)
     elems = product(extent(sch, lp) for lp in loops)
     by_var = dict(zip(f.spatial, loops))
-    first = None
     for v, s in axes.items():
         _, phase = sch.split(by_var[v], [None, s])
         sch.unroll(phase)
-        first = first if first is not None else f.spatial.index(v)
+    # each split before it adds one loop, so the outermost one's quotient keeps its place
+    first = min(f.spatial.index(v) for v in axes)
     loops = sch.get_loops(blk)
     inner = f.spatial[-1]
     if inner not in axes:
