@@ -155,11 +155,14 @@ def _apply_window(sch, names, facts, target):
 def _match_interleave(facts, name, outputs):
     """Several stages interleaved along some axes (the phases of :mod:`.phases`), or one
     spread along the output's innermost axis (``x[.., j // s]``: a nearest upsample, a pixel
-    shuffle); a stage that reads ``v // s`` only along outer axes gains nothing over the
-    plain injective rule."""
+    shuffle, a max-pool's gradient beside the bare reads of its input); a stage that reads
+    ``v // s`` only along outer axes gains nothing over the plain injective rule, nor does
+    one that also reads them bare."""
     f = facts[name]
     axes = phases.interleaved(f) if f.injective else {}
-    if not axes or (len(f.reads) < 2 and f.spatial[-1] not in axes):
+    inner = f.spatial[-1] in axes
+    mixed = bool(set(axes) & phases.bare_reads(f))
+    if not axes or ((len(f.reads) < 2 or mixed) and not inner):
         return None
     what = f"interleaves {len(f.reads)} stages" if len(f.reads) > 1 else "spreads its input"
     return [name], f"{f.kind}: {what}, read at v // s along {', '.join(axes)}"

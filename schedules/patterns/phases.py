@@ -615,11 +615,18 @@ def split_phases(tensors: list) -> list:
     return [new.get(t.op, t) if t.op.num_outputs == 1 else t for t in tensors]
 
 
+# The most phases an interleaved axis may have where some load also reads it bare.
+MIXED_MAX = 4
+
+
 def interleaved(f) -> dict[str, int]:
-    """``{iterator: s}`` where every load of injective block ``f`` reads that iterator only
-    as ``v // s`` (and ``v % s``; one ``s`` per iterator): the stage interleaves ``s`` phases
-    along it (the assembly of :func:`split`, a pixel shuffle, a nearest upsample). Empty
-    when it does not."""
+    """``{iterator: s}`` where a load of injective block ``f`` reads that iterator as ``v //
+    s`` (and ``v % s``; one ``s`` per iterator): the stage interleaves ``s`` phases along it
+    (the assembly of :func:`split`, a pixel shuffle, a nearest upsample). Where other loads
+    read ``v`` bare (a max-pool's gradient, ``dy[.., i // 2, j // 2]`` where ``x[.., i, j]``
+    is the maximum), only for ``s <=`` :data:`MIXED_MAX`: each phase's bare reads become
+    strided loads, which LLVM groups into whole loads and shuffles for a few phases, not
+    for sixteen. Empty when it does not."""
     import tvm
 
     found: dict[str, int] = {}
@@ -628,9 +635,14 @@ def interleaved(f) -> dict[str, int]:
             for div in nodes_of(ix, tvm.tirx.FloorDiv):
                 if isinstance(div.a, tvm.tirx.Var) and isinstance(div.b, tvm.tirx.IntImm):
                     found.setdefault(div.a.name, int(div.b.value))
-    whole = {v for acc in f.reads for ix, names in zip(acc.indices, acc.index_vars)
-             for v in names if str(ix) == v}
-    return {v: s for v, s in found.items() if v in f.spatial and v not in whole and s > 1}
+    return {v: s for v, s in found.items() if v in f.spatial and s > 1
+            and (v not in bare_reads(f) or s <= MIXED_MAX)}
+
+
+def bare_reads(f) -> set[str]:
+    """The iterators some load of block ``f`` reads bare (``x[.., v]``)."""
+    return {v for acc in f.reads for ix, names in zip(acc.indices, acc.index_vars)
+            for v in names if str(ix) == v}
 
 
 def schedule_interleave(sch, name: str, facts: dict, target) -> str:
@@ -657,6 +669,8 @@ def schedule_interleave(sch, name: str, facts: dict, target) -> str:
     inner = f.spatial[-1]
     if inner not in axes:
         vectorize_tail(sch, [loops[-1]], target, f.out_dtype)
-    # the loops outside the first phase loop run across cores
-    parallel_loops(sch, list(loops[:first + 1]), target, elems)
+    # the loops outside the first phase loop run across cores; the innermost axis's
+    # quotient loop stays LLVM's to vectorise
+    prefix = first if f.spatial[first] == inner else first + 1
+    parallel_loops(sch, list(loops[:prefix]), target, elems)
     return f"{' x '.join(f'{s} phases along {v}' for v, s in axes.items())}, unrolled"

@@ -331,6 +331,64 @@ def test_interleave_nearest_upsample(size):
     assert _rules(why)["unshuffle"] == "patterns.injective", _rules(why)
 
 
+@pytest.mark.parametrize("size", [(8, 12), (7, 11)], ids=str)
+def test_interleave_max_pool_gradient(size):
+    """A non-overlapping 2x2 max-pool's gradient as users write it (``dy[.., i // 2, j // 2]``
+    where ``x[.., i, j]`` equals the pooled maximum ``y``: reads at ``v // 2`` beside bare
+    ones), also with odd sizes (the last row and column have no window: zero), takes the
+    interleave rule: exact."""
+    rng = np.random.default_rng(12)
+    n, c = 2, 3
+    h, w = size
+    ho, wo = h // 2, w // 2
+    x = te.placeholder((n, c, h, w), name="x")
+    y = te.placeholder((n, c, ho, wo), name="y")
+    dy = te.placeholder((n, c, ho, wo), name="dy")
+
+    def body(b, ci, i, j):
+        inside = te.all(i < 2 * ho, j < 2 * wo)
+        hit = te.all(inside, x[b, ci, i, j] == y[b, ci, i // 2, j // 2])
+        return te.if_then_else(hit, dy[b, ci, i // 2, j // 2], 0.0)
+
+    dx = te.compute((n, c, h, w), body, name="dx")
+    xn = rand((n, c, h, w), "float32", rng)
+    yn = xn[:, :, :2 * ho, :2 * wo].reshape(n, c, ho, 2, wo, 2).max(axis=(3, 5))
+    dyn = rand((n, c, ho, wo), "float32", rng)
+    (out,), why = build_run([dx], [x, y, dy], [xn, yn, dyn])
+    up = lambda a: np.repeat(np.repeat(a, 2, axis=2), 2, axis=3)  # noqa: E731
+    ref = np.zeros((n, c, h, w), np.float32)
+    ref[:, :, :2 * ho, :2 * wo] = np.where(xn[:, :, :2 * ho, :2 * wo] == up(yn), up(dyn), 0.0)
+    np.testing.assert_array_equal(out, ref)
+    assert _rules(why)["dx"] == "patterns.interleave", _rules(why)
+
+
+def test_interleave_mixed_reads():
+    """A nearest upsample added to a skip connection along the rows alone (``u[.., j // 3] +
+    x[.., j]``) is interleaved; a per-16-lane scale (``g[j // 16]``: more phases than
+    :data:`phases.MIXED_MAX`) and a grouped scale along an outer axis (``s[.., c // 4, ..]``)
+    keep the plain injective rule. All exact."""
+    rng = np.random.default_rng(13)
+    x = te.placeholder((2, 8, 5, 33), name="x")
+    u = te.placeholder((2, 8, 5, 11), name="u")
+    g = te.placeholder((3,), name="g")
+    s = te.placeholder((2, 2, 5, 33), name="s")
+    xn, un = rand((2, 8, 5, 33), "float32", rng), rand((2, 8, 5, 11), "float32", rng)
+    gn, sn = rand((3,), "float32", rng), rand((2, 2, 5, 33), "float32", rng)
+    cases = [
+        ("skip", lambda b, c, i, j: x[b, c, i, j] + u[b, c, i, j // 3], [u], [un],
+         xn + np.repeat(un, 3, axis=3), "patterns.interleave"),
+        ("scale16", lambda b, c, i, j: x[b, c, i, j] * g[j // 16], [g], [gn],
+         xn * np.repeat(gn, 16)[:33], "patterns.injective"),
+        ("grouped", lambda b, c, i, j: x[b, c, i, j] * s[b, c // 4, i, j], [s], [sn],
+         xn * np.repeat(sn, 4, axis=1), "patterns.injective"),
+    ]
+    for name, fn, ins, arrays, ref, rule in cases:
+        y = te.compute((2, 8, 5, 33), fn, name=name)
+        (out,), why = build_run([y], [x, *ins], [xn, *arrays])
+        np.testing.assert_array_equal(out, ref.astype(np.float32))
+        assert _rules(why)[name] == rule, (name, _rules(why))
+
+
 def _pool_or_depthwise_dx(n, c, h, ks, p, s, weights: bool):
     """The dx of a strided depthwise conv2d (``weights``) or of an average pool, written as a
     gather: one tap per phase where the stride divides the window's step."""
