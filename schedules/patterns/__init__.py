@@ -164,7 +164,8 @@ def _match_interleave(facts, name, outputs):
     mixed = bool(set(axes) & phases.bare_reads(f))
     if not axes or ((len(f.reads) < 2 or mixed) and not inner):
         return None
-    what = f"interleaves {len(f.reads)} stages" if len(f.reads) > 1 else "spreads its input"
+    what = ("spreads inputs beside bare reads of the same axes" if mixed else
+            f"interleaves {len(f.reads)} stages" if len(f.reads) > 1 else "spreads its input")
     return [name], f"{f.kind}: {what}, read at v // s along {', '.join(axes)}"
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules.patterns.analysis import nodes_of
+from schedules.patterns.common import product
 
 # Tags of the stages the split makes (the user's output keeps its own name and tag).
 OPERAND_TAG = "phases.operand"      # the compressed operand P
@@ -122,6 +123,10 @@ def rewrite(expr, var_map: dict, load=None):
 # Stage reads :func:`value_at` inlines at most: a chain that reads its producer twice per
 # stage doubles with each one, and the zero insertion sits a stage or two before the sum.
 INLINE_LIMIT = 32
+
+# A phase of :func:`_direct` whose reduction has at most this many steps (a 3x3 stride-2
+# pool's 2 x 2) is written out as a sum of its terms: no reduction loop of four steps.
+EXPAND_TAPS = 9
 
 
 def value_at(t, idx, budget: list | None = None):
@@ -540,6 +545,8 @@ def split(y):
         pl = plan(inline) if inline is not None else None
     made = _operand(pl) if pl is not None else None
     if made is None:
+        return _direct(y)
+    if not _zero_off_residue(pl.y, pl.axes, pl.operand):
         return None
     operand, lo = made
     phases = {}
@@ -550,6 +557,142 @@ def split(y):
                 return None
             phases[phase] = t
     return _assemble(pl, phases)
+
+
+def _residue_axes(y) -> tuple[Axis, ...]:
+    """The axes of a sum whose guarded gathers test ``(out + sign * red + c) % s == 0`` on
+    an (output, reduction) pair, one pair an axis (as :class:`Axis` with ``q = 0``; ``dim``
+    unused); empty where the tests name no such pairs or a pair twice."""
+    import tvm
+
+    op = y.op
+    red = op.body[0]
+    out_vars, red_vars = [a.var for a in op.axis], [a.var for a in red.axis]
+    axes: dict = {}
+    for term in _guarded_gathers(red.source[0]):
+        for mod in nodes_of(term.args[0], tvm.tirx.FloorMod):
+            found = _linear_terms(mod.a, out_vars, red_vars)
+            if found is None or not isinstance(mod.b, tvm.tirx.IntImm) or mod.b.value < 2:
+                continue
+            o, r, c, sign = found
+            a = Axis(len(axes), o, r, c, int(mod.b.value), 0, int(op.axis[o].dom.extent),
+                     int(red.axis[r].dom.extent), sign)
+            if axes.setdefault((o, r), a) != a:
+                return ()
+    pairs = list(axes)
+    if len({o for o, _ in pairs}) != len(pairs) or len({r for _, r in pairs}) != len(pairs):
+        return ()
+    return tuple(axes.values())
+
+
+def _at_phase(y, axes, phase, taps, tap_vars, operand=None):
+    """The summand of sum ``y`` at output phase ``phase`` (``out = s*oq + p``) with its
+    reduction iterators of ``axes`` at ``s*t + taps[k]`` (``t`` from ``tap_vars``),
+    simplified: a function of ``oq`` and ``t``. ``operand``: a stage whose value is
+    inlined (the zero-inserted one), so its zeros show."""
+    import tvm
+
+    op = y.op
+    red = op.body[0]
+    var_map = {}
+    for a, p, rho, t in zip(axes, phase, taps, tap_vars):
+        var_map[op.axis[a.out].var] = a.s * op.axis[a.out].var + p
+        var_map[red.axis[a.red].var] = a.s * t + rho
+
+    def load(u, idx):
+        return value_at(u, idx) if operand is not None and u.op.same_as(operand.op) else None
+
+    return tvm.sym.Analyzer().simplify(rewrite(red.source[0], var_map, load))
+
+
+def _zero_off_residue(y, axes, operand=None) -> bool:
+    """Whether the summand of sum ``y`` is provably zero at every tap off each phase's
+    residue (any axis's ``red`` not at ``s*t + rho(p)``): only then may a phase skip
+    those taps. A term added outside the zero-inserted product is not."""
+    import itertools
+
+    import tvm
+
+    scratch = [tvm.tirx.Var(f"t{k}", "int32") for k in range(len(axes))]
+    for phase in itertools.product(*(range(a.s) for a in axes)):
+        rhos = [a.rho(p) for a, p in zip(axes, phase)]
+        for off in itertools.product(*(range(a.s) for a in axes)):
+            if list(off) != rhos and \
+                    not _is_zero(_at_phase(y, axes, phase, off, scratch, operand)):
+                return False
+    return True
+
+
+def _direct(y):
+    """The phase split of a sum whose summand gathers at ``(out + sign * red + c) // s``
+    under a residue test and reads other operands at the output position itself (a max
+    pool's gradient: ``dy`` and ``y`` gathered, ``x[.., i, j]`` compared with ``y``), which
+    :func:`_outlined` cannot put in a stage over ``u`` alone: each phase's taps substituted
+    straight into the summand, which must then be provably zero at every tap off the
+    phase's residue and free of ``%`` and ``//`` of the phase's iterators. None otherwise."""
+    import itertools
+
+
+    op = y.op
+    axes = _residue_axes(y) if op.num_outputs == 1 and _is_sum(op.body[0]) else ()
+    if not axes or any(int(r.dom.min) != 0 for r in op.body[0].axis):
+        return None
+    if not _zero_off_residue(y, axes):
+        return None
+    phases = {}
+    for phase in itertools.product(*(range(a.s) for a in axes)):
+        if all(a.taps(p) and a.rows(p) for a, p in zip(axes, phase)):
+            t = _direct_phase(y, axes, phase)
+            if not _residue_free(t.op.body[0], [a.var for a in t.op.axis]):
+                return None
+            phases[phase] = t
+    return _assemble(Plan(y, None, axes), phases)
+
+
+def _direct_phase(y, axes, phase):
+    """One phase of :func:`_direct`: output ``[.., oq, ..]`` over its taps ``t`` (no
+    reduction where each axis has one tap)."""
+    import tvm
+    from tvm import te
+
+    op = y.op
+    red = op.body[0]
+    by_out = {a.out: (a, p) for a, p in zip(axes, phase)}
+    by_red = {a.red: (a, p) for a, p in zip(axes, phase)}
+    shape = [by_out[k][0].rows(by_out[k][1]) if k in by_out else ax.dom.extent
+             for k, ax in enumerate(op.axis)]
+    raxes = [te.reduce_axis((0, by_red[k][0].taps(by_red[k][1])), f"{r.var.name}_t")
+             if k in by_red else te.reduce_axis((0, r.dom.extent), r.var.name)
+             for k, r in enumerate(red.axis)]
+
+    def body(*ax):
+        src = _at_phase(y, axes, phase, [a.rho(p) for a, p in zip(axes, phase)],
+                        [raxes[a.red].var for a in axes])
+        var_map = {**{a.var: x for a, x in zip(op.axis, ax)},
+                   **{r.var: n.var for k, (r, n) in enumerate(zip(red.axis, raxes))
+                      if k not in by_red}}
+        src = tvm.sym.Analyzer().simplify(rewrite(src, var_map))
+        if product(int(r.dom.extent) for r in raxes) > EXPAND_TAPS:
+            return te.sum(src, axis=raxes)
+        return _expanded(src, raxes)
+
+    suffix = "phase_" + "_".join(str(p) for p in phase)
+    return te.compute(shape, body, name=f"{op.name}_{suffix}", tag=PHASE_TAG)
+
+
+def _expanded(src, raxes):
+    """``sum(src)`` over the few steps of ``raxes`` written out term by term: an injective
+    value, which the interleave computes in place."""
+    import itertools
+
+    import tvm
+
+    total = None
+    for steps in itertools.product(*(range(int(r.dom.extent)) for r in raxes)):
+        term = tvm.sym.Analyzer().simplify(rewrite(src, {
+            r.var: tvm.tirx.const(k, "int32") for r, k in zip(raxes, steps)}))
+        total = term if total is None else total + term
+    return total
 
 
 def _computes(tensors) -> list:

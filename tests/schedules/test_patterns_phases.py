@@ -389,6 +389,85 @@ def test_interleave_mixed_reads():
         assert _rules(why)[name] == rule, (name, _rules(why))
 
 
+def _max_pool_dx(n, c, size, ks, s, pads):
+    """A max pool's gradient as users write it: each input position gathers, over the
+    windows that hold it, ``dy`` where it equals the window's maximum ``y``."""
+    (h, w), ((pt, pb), (pl, pr)) = size, pads
+    ho, wo = (h + pt + pb - ks) // s + 1, (w + pl + pr - ks) // s + 1
+    x = te.placeholder((n, c, h, w), name="x")
+    y = te.placeholder((n, c, ho, wo), name="y")
+    dy = te.placeholder((n, c, ho, wo), name="dy")
+    ry, rx = te.reduce_axis((0, ks), name="ry"), te.reduce_axis((0, ks), name="rx")
+
+    def body(b, ci, i, j):
+        hh, ww = i + pt - ry, j + pl - rx
+        ok = te.all(hh % s == 0, ww % s == 0, hh >= 0, ww >= 0, hh // s < ho, ww // s < wo)
+        hit = te.if_then_else(x[b, ci, i, j] == y[b, ci, hh // s, ww // s],
+                              dy[b, ci, hh // s, ww // s], 0.0)
+        return te.sum(te.if_then_else(ok, hit, 0.0), axis=[ry, rx])
+
+    return x, y, dy, te.compute((n, c, h, w), body, name="dx")
+
+
+def _ref_max_pool_dx(xn, dyn, ks, s, pads):
+    """``dx`` from the windows: pooled maxima, then ``dy`` added at every position equal to
+    its window's maximum (float64)."""
+    (pt, pb), (pl, pr) = pads
+    xp = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)),
+                constant_values=-np.inf)
+    n, c, ho, wo = dyn.shape
+    yn = np.empty((n, c, ho, wo))
+    dxp = np.zeros_like(xp)
+    for i, j in itertools.product(range(ho), range(wo)):
+        win = xp[:, :, i * s:i * s + ks, j * s:j * s + ks]
+        yn[:, :, i, j] = win.max(axis=(2, 3))
+        hit = win == yn[:, :, i, j][:, :, None, None]
+        dxp[:, :, i * s:i * s + ks, j * s:j * s + ks] += hit * dyn[:, :, i, j][:, :, None, None]
+    h, w = xn.shape[2:]
+    return yn.astype(np.float32), dxp[:, :, pt:pt + h, pl:pl + w]
+
+
+@pytest.mark.parametrize(("size", "ks", "s", "pads"), [
+    ((12, 12), 3, 2, ((1, 1), (1, 1))),    # resnet's stem pool
+    ((13, 11), 3, 2, ((1, 0), (0, 1))),    # odd sizes, asymmetric padding
+    ((14, 10), 2, 2, ((0, 0), (0, 0))),    # non-overlapping, as a gather
+    ((17, 13), 3, 3, ((1, 1), (0, 2))),    # stride 3
+    ((11, 11), 5, 2, ((2, 2), (2, 2))),    # 3 x 3 taps in a phase
+], ids=str)
+def test_max_pool_gradient_split(size, ks, s, pads):
+    """A max pool's gradient whose summand also reads ``x`` at the output position, so no
+    stage over ``u`` alone holds it (:func:`phases._direct`): split into phases of a few
+    taps each, written out and computed in the interleave. Against numpy float64."""
+    rng = np.random.default_rng(sum(size) + ks + s)
+    n, c = 2, 5
+    x, y, dy, dx = _max_pool_dx(n, c, size, ks, s, pads)
+    xn = rand((n, c, *size), "float32", rng)
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    yn, ref = _ref_max_pool_dx(xn, dyn, ks, s, pads)
+    (out,), why = build_run([dx], [x, y, dy], [xn, yn, dyn])
+    check(out, ref, "float32")
+    rules = _rules(why)
+    assert rules["dx"] == "patterns.interleave", rules
+    assert all(rules[k] == "patterns.inline" for k in rules if k.startswith("dx_phase_")), rules
+
+
+def test_direct_split_left_whole():
+    """A summand that is not zero off the residue (a term added outside the guarded
+    gather) is not split, by either way (outlining the gather, :func:`phases._outlined`,
+    used to split it and drop the term at the skipped taps)."""
+    x, y, dy, _ = _max_pool_dx(1, 2, (8, 8), 3, 2, ((1, 1), (1, 1)))
+    ry, rx = te.reduce_axis((0, 3), name="ry"), te.reduce_axis((0, 3), name="rx")
+
+    def body(b, ci, i, j):
+        hh, ww = i + 1 - ry, j + 1 - rx
+        ok = te.all(hh % 2 == 0, ww % 2 == 0, hh >= 0, ww >= 0, hh // 2 < 4, ww // 2 < 4)
+        return te.sum(te.if_then_else(ok, dy[b, ci, hh // 2, ww // 2], 0.0)
+                      + x[b, ci, i, j] * 0.5, axis=[ry, rx])
+
+    dx = te.compute((1, 2, 8, 8), body, name="dx")
+    assert phases.split(dx) is None
+
+
 def _pool_or_depthwise_dx(n, c, h, ks, p, s, weights: bool):
     """The dx of a strided depthwise conv2d (``weights``) or of an average pool, written as a
     gather: one tap per phase where the stride divides the window's step."""
