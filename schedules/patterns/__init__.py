@@ -126,6 +126,21 @@ def _match_reduction(where):
     return match
 
 
+def _match_tap_sums(facts, name, outputs):
+    """A window reduction over its reads' contiguous axis into the window's taps (a
+    depthwise weight gradient)."""
+    from schedules.patterns.analysis import stride_in
+
+    f = facts[name]
+    if not _window(f) or not f.reads:
+        return None
+    j, taps = f.reduce[-1], reduction.tap_axes(f)
+    if not taps or any(not acc.indices or stride_in(acc.indices[-1], j) != 1
+                       for acc in f.reads):
+        return None
+    return [name], f"{f.why}: the taps {taps} of a sum along every read's contiguous axis {j}"
+
+
 def _window(f) -> bool:
     return f.kind == "reduction" and getattr(f, "extra_where", "") == "window"
 
@@ -184,6 +199,8 @@ RULES = (
     PatternRule("patterns.row_reduction", _match_row_group, _apply_row_group),
     PatternRule("patterns.window+epilogue", _match_window_epilogue, _apply_window),
     PatternRule("patterns.window", _match_window, _apply_window),
+    PatternRule("patterns.tap_sums", _match_tap_sums,
+                lambda sch, n, facts, t: reduction.schedule_tap_sums(sch, n[0], facts, t)),
     PatternRule("patterns.inner_reduction", _match_reduction("innermost"),
                 lambda sch, n, facts, t: reduction.schedule_inner_reduction(sch, n[0], facts,
                                                                             t)),

@@ -265,3 +265,56 @@ def schedule_outer_reduction(sch, name: str, facts: dict, target) -> None:
         sch.vectorize(ji)
     sch.decompose_reduction(blk, red[0])
     sch.vectorize(sch.get_loops(wb)[-1])
+
+
+def tap_width(target, dtype: str, f) -> int:
+    """Lanes of :func:`schedule_tap_sums`'s partial sums: a full vector, else a half one,
+    dividing the innermost reduction axis (0 where neither does)."""
+    n = f.extents[f.reduce[-1]]
+    lanes = target.lanes(dtype)
+    return next((w for w in (lanes, lanes // 2) if w >= 4 and n % w == 0), 0)
+
+
+def tap_axes(f) -> list[str]:
+    """The output axes of window reduction ``f`` that its reads add to a reduction iterator
+    (a weight gradient's taps ``ry, rx``: ``x[.., i + ry, j + rx]``)."""
+    red = set(f.reduce)
+    return [v for v in f.spatial
+            if any(v in vs and vs & red for acc in f.reads for vs in acc.index_vars)]
+
+
+def schedule_tap_sums(sch, name: str, facts: dict, target) -> str:
+    """A window reduction whose output holds the window's taps and whose innermost
+    reduction iterator ``j`` is every read's contiguous axis (a depthwise weight gradient,
+    ``dw[c, ry, rx] = sum dy[n, c, i, j] * x[n, c, i + ry, j + rx]``): ``j`` split into
+    vectors by ``rfactor``, every tap's vector of partial sums in registers across the
+    whole reduction (one load of ``dy`` serves all the taps), the other output axes (the
+    channels) across cores with the padded input computed per channel, the lanes summed
+    once at the end. Tiled along its 3-wide output row instead, each vector held 3 taps."""
+    f = facts[name]
+    blk = sch.get_sblock(name)
+    width = tap_width(target, f.out_dtype, f)
+    if not width:
+        raise ValueError(f"{f.reduce[-1]} is no whole number of vectors")
+    taps = tap_axes(f)
+    loops = sch.get_loops(blk)
+    by = dict(zip([*f.spatial, *f.reduce], loops))
+    _, ji = sch.split(by[f.reduce[-1]], [None, width])
+    rf = sch.rfactor(ji, len(sch.get(blk).body.indices))
+    rf_loops = dict(zip([*f.spatial, *f.reduce, "lanes"], sch.get_loops(rf)))
+    rows = [rf_loops[v] for v in f.spatial if v not in taps]
+    red = sch.get_loops(rf)[len(f.spatial):-1]
+    sch.reorder(*rows, *red, *(rf_loops[v] for v in taps), rf_loops["lanes"])
+    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    elems = product(f.extents[v] for v in [*f.spatial, *f.reduce])
+    if target.cores > 1 and extent(sch, row) >= 2 and elems >= 1 << 15:
+        sch.parallel(row)
+    wb = sch.cache_write(rf, 0, "local")
+    sch.reverse_compute_at(wb, row, preserve_unit_loops=True)
+    sch.reverse_compute_at(blk, row, preserve_unit_loops=True)
+    for v in taps:
+        sch.unroll(rf_loops[v])
+    sch.vectorize(rf_loops["lanes"])
+    sch.decompose_reduction(rf, red[0])
+    return (f"{width}-lane partial sums of each tap {taps} in registers across the "
+            f"reduction, rfactor along {f.reduce[-1]}")

@@ -156,3 +156,77 @@ def _allocated(func) -> list:
     blocks: list = []
     tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlock, blocks.append), order="post")
     return [buf for b in blocks for buf in b.alloc_buffers]
+
+
+def _tap_sums_graph(n, c, size, ks, pads, dtype, nhwc=False):
+    """A depthwise weight gradient as users write it: ``dw[c, 0, ry, rx] = sum_{b, i, j}
+    dy[b, c, i, j] * xpad[b, c, i + ry, j + rx]`` (NCHW, or NHWC with the channels last and
+    the taps ``[ry, rx, c]``)."""
+    (h, w), ((pt, pb), (pl, pr)) = size, pads
+    ho, wo = h + pt + pb - ks + 1, w + pl + pr - ks + 1
+    shape, dshape = ((n, h, w, c), (n, ho, wo, c)) if nhwc else ((n, c, h, w), (n, c, ho, wo))
+    x = te.placeholder(shape, name="x", dtype=dtype)
+    dy = te.placeholder(dshape, name="dy", dtype=dtype)
+    inside = lambda i, j: te.all(i >= pt, i < h + pt, j >= pl, j < w + pl)  # noqa: E731
+    zero = te.const(0, dtype)
+    if nhwc:
+        xp = te.compute((n, h + pt + pb, w + pl + pr, c), lambda b, i, j, ci: te.if_then_else(
+            inside(i, j), x[b, i - pt, j - pl, ci], zero), name="pad")
+    else:
+        xp = te.compute((n, c, h + pt + pb, w + pl + pr), lambda b, ci, i, j: te.if_then_else(
+            inside(i, j), x[b, ci, i - pt, j - pl], zero), name="pad")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (ho, "i"), (wo, "j")))
+    if nhwc:
+        dw = te.compute((ks, ks, c), lambda ry, rx, ci: te.sum(
+            dy[b, i, j, ci] * xp[b, i + ry, j + rx, ci], axis=[b, i, j]), name="dw")
+    else:
+        dw = te.compute((c, 1, ks, ks), lambda ci, z, ry, rx: te.sum(
+            dy[b, ci, i, j] * xp[b, ci, i + ry, j + rx], axis=[b, i, j]), name="dw")
+    return x, dy, dw
+
+
+def _ref_tap_sums(xn, dyn, ks, pads):
+    """NCHW depthwise weight gradient from the definition (float64)."""
+    xp = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), *pads))
+    ho, wo = dyn.shape[2:]
+    return np.stack([np.stack([(dyn * xp[:, :, r:r + ho, t:t + wo]).sum(axis=(0, 2, 3))
+                               for t in range(ks)], -1) for r in range(ks)], -2)[:, None]
+
+
+@pytest.mark.parametrize(("n", "c", "size", "ks", "pads", "dtype"), [
+    (2, 5, (12, 16), 3, ((1, 1), (1, 1)), "float32"),
+    (3, 3, (7, 24), 5, ((2, 2), (2, 2)), "float32"),
+    (1, 7, (9, 8), 3, ((0, 2), (1, 1)), "float32"),   # asymmetric padding
+    (2, 4, (6, 32), 3, ((1, 1), (1, 1)), "float16"),
+], ids=str)
+def test_tap_sums(n, c, size, ks, pads, dtype):
+    """A depthwise weight gradient takes the tap-sums rule (each tap's vector of partial sums
+    in registers across the whole reduction) where its output rows are a whole number of
+    half vectors; against numpy float64."""
+    rng = np.random.default_rng(41)
+    x, dy, dw = _tap_sums_graph(n, c, size, ks, pads, dtype)
+    xn = rand([int(v) for v in x.shape], dtype, rng)
+    dyn = rand([int(v) for v in dy.shape], dtype, rng)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn])
+    check(out, _ref_tap_sums(xn, dyn, ks, pads), dtype)
+    assert {s: r for s, r, _ in why.stages}["dw"] == "patterns.tap_sums", why.stages
+
+
+def test_tap_sums_refused():
+    """Rows of 7 (no whole half vector) and channels last (the reduction's innermost
+    iterator is no read's contiguous axis) keep the plain outer-reduction rule: correct
+    either way."""
+    rng = np.random.default_rng(42)
+    x, dy, dw = _tap_sums_graph(2, 3, (5, 7), 3, ((1, 1), (1, 1)), "float32")
+    xn, dyn = rand((2, 3, 5, 7), "float32", rng), rand((2, 3, 5, 7), "float32", rng)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn])
+    check(out, _ref_tap_sums(xn, dyn, 3, ((1, 1), (1, 1))), "float32")
+    assert {s: r for s, r, _ in why.stages}["dw"] != "patterns.tap_sums", why.stages
+
+    x, dy, dw = _tap_sums_graph(2, 16, (6, 8), 3, ((1, 1), (1, 1)), "float32", nhwc=True)
+    xn, dyn = rand((2, 6, 8, 16), "float32", rng), rand((2, 6, 8, 16), "float32", rng)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn])
+    ref = _ref_tap_sums(xn.transpose(0, 3, 1, 2), dyn.transpose(0, 3, 1, 2), 3,
+                        ((1, 1), (1, 1)))[:, 0].transpose(1, 2, 0)
+    check(out, ref, "float32")
+    assert {s: r for s, r, _ in why.stages}["dw"] != "patterns.tap_sums", why.stages
