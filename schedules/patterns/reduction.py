@@ -18,7 +18,14 @@
 from __future__ import annotations
 
 from schedules.patterns import prefetch
-from schedules.patterns.common import extent, product, vector_width, vectorize_tail
+from schedules.patterns.common import (
+    Detail,
+    extent,
+    producers_inside,
+    product,
+    vector_width,
+    vectorize_tail,
+)
 
 UNROLL_VECTORS = 4  # independent accumulators: hides the add latency (3-4 cycles)
 
@@ -316,5 +323,7 @@ def schedule_tap_sums(sch, name: str, facts: dict, target) -> str:
         sch.unroll(rf_loops[v])
     sch.vectorize(rf_loops["lanes"])
     sch.decompose_reduction(rf, red[0])
-    return (f"{width}-lane partial sums of each tap {taps} in registers across the "
-            f"reduction, rfactor along {f.reduce[-1]}")
+    inside = [m for r in f.reads for m in producers_inside(sch, rf, r.buffer, row, target)]
+    return Detail(f"{width}-lane partial sums of each tap {taps} in registers across the "
+                  f"reduction, rfactor along {f.reduce[-1]}"
+                  + (f", {', '.join(inside)} computed per row" if inside else ""), also=inside)

@@ -76,3 +76,41 @@ def test_two_outputs_each_scheduled():
     check(ob, xn.astype(np.float64) * 2.0 + 1.0, "float32")
     assert why.rule_of("a") == "patterns.injective"
     assert why.rule_of("b") == "patterns.injective"
+
+
+def _vector_loops(func) -> list[int]:
+    """Extents of the vectorised loops of a scheduled PrimFunc."""
+    import tvm
+    import tvm_ffi
+
+    loops: list = []
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, loops.append), order="post")
+    return [int(lp.extent) for lp in loops if lp.kind == tvm.tirx.ForKind.VECTORIZED]
+
+
+@pytest.mark.parametrize(("w", "pads", "dtype"), [(56, (1, 1), "float32"), (27, (2, 1), "float32"),
+                                                  (40, (0, 3), "float16"), (13, (1, 1), "float32")],
+                         ids=str)
+def test_padded_rows_interior_in_whole_vectors(w, pads, dtype):
+    """A padding stage whose rows are no whole number of vectors (56 + 2) is written with
+    its rows' interior in guard-free parts of whole vectors, the borders plain; exact. A
+    row interior shorter than a vector (13) keeps the plain rule."""
+    import dsl
+    import targets
+
+    rng = np.random.default_rng(w)
+    lo, hi = pads
+    x = te.placeholder((2, 3, 5, w), name="x", dtype=dtype)
+    y = te.compute((2, 3, 7, w + lo + hi), lambda b, c, i, j: te.if_then_else(
+        te.all(i >= 1, i < 6, j >= lo, j < w + lo), x[b, c, i - 1, j - lo],
+        te.const(0, dtype)), name="pad")
+    xn = rand((2, 3, 5, w), dtype, rng)
+    (out,), _ = build_run([y], [x], [xn])
+    np.testing.assert_array_equal(out, np.pad(xn, ((0, 0), (0, 0), (1, 1), pads)))
+    lanes = targets.current().lanes(dtype)
+    vectors = _vector_loops(dsl.auto_schedule([y]).s_tir([x, y]).mod["main"])
+    if w >= lanes:
+        assert vectors and sum(vectors) == w and all(v % 4 == 0 or v == w for v in vectors), \
+            vectors
+    else:
+        assert sum(vectors) != w, vectors
