@@ -395,6 +395,77 @@ def _channel_sums(d) -> Case:
                 lambda: (dyv.astype(np.float64) * xv).sum(axis=(0, 2, 3)))
 
 
+def _max_pool_dx(d) -> Case:
+    """A max pool's input gradient as users write it: each input position gathers, over
+    the windows that hold it, ``dy`` where it equals the window's maximum ``y`` (split
+    into stride phases by :mod:`schedules.patterns.phases`)."""
+    from tvm import te
+
+    n, c, hw, ks, p, st = (d[key] for key in ("n", "c", "hw", "ks", "pad", "stride"))
+    out = _conv_out(d)
+    x = te.placeholder((n, c, hw, hw), name="x")
+    y = te.placeholder((n, c, out, out), name="y")
+    dy = te.placeholder((n, c, out, out), name="dy")
+    ry, rx = te.reduce_axis((0, ks), name="ry"), te.reduce_axis((0, ks), name="rx")
+
+    def body(b, ci, i, j):
+        hh, ww = i + p - ry, j + p - rx
+        ok = te.all(hh % st == 0, ww % st == 0, hh >= 0, ww >= 0, hh // st < out,
+                    ww // st < out)
+        hit = te.if_then_else(x[b, ci, i, j] == y[b, ci, hh // st, ww // st],
+                              dy[b, ci, hh // st, ww // st], 0.0)
+        return te.sum(te.if_then_else(ok, hit, 0.0), axis=[ry, rx])
+
+    dx = te.compute((n, c, hw, hw), body, name="dx")
+    xv, dyv = _data((n, c, hw, hw), 23), _data((n, c, out, out), 24)
+    xp = np.pad(xv, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=-np.inf)
+    win = np.lib.stride_tricks.sliding_window_view(xp, (ks, ks), axis=(2, 3))[:, :, ::st, ::st]
+    yv = np.ascontiguousarray(win.max(axis=(4, 5)))
+
+    def numpy_fn():
+        grad = np.zeros_like(xp, dtype=np.float64)
+        for i in range(ks):
+            for j in range(ks):
+                hit = xp[:, :, i:i + st * (out - 1) + 1:st, j:j + st * (out - 1) + 1:st] == yv
+                grad[:, :, i:i + st * (out - 1) + 1:st, j:j + st * (out - 1) + 1:st] += hit * dyv
+        return grad[:, :, p:p + hw, p:p + hw]
+
+    def torch_fn(torch):
+        tx, tdy = torch.from_numpy(xv), torch.from_numpy(dyv)
+        _, idx = torch.nn.functional.max_pool2d(tx, ks, st, p, return_indices=True)
+        return lambda: torch.ops.aten.max_pool2d_with_indices_backward(
+            tdy, tx, [ks, ks], [st, st], [p, p], [1, 1], False, idx)
+
+    return Case([x, y, dy], [dx], [xv, yv, dyv], torch_fn, numpy_fn)
+
+
+def _depthwise_dw(d) -> Case:
+    """A depthwise conv2d's weight gradient as users write it, ``dw[c, 0, ry, rx] =
+    sum_{n, i, j} dy[n, c, i, j] * xpad[n, c, i + ry, j + rx]`` (the tap-sums rule)."""
+    from tvm import te
+
+    n, c, hw, ks, p = d["n"], d["c"], d["hw"], d["ks"], d["pad"]
+    out = _conv_out(d)
+    x = te.placeholder((n, c, hw, hw), name="x")
+    dy = te.placeholder((n, c, out, out), name="dy")
+    xp = _nchw_pad(x, p)
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (out, "i"), (out, "j")))
+    dw = te.compute((c, 1, ks, ks), lambda ci, z, ry, rx: te.sum(
+        dy[b, ci, i, j] * xp[b, ci, i + ry, j + rx], axis=[b, i, j]), name="dw")
+    xv, dyv = _data((n, c, hw, hw), 25), _data((n, c, out, out), 26)
+
+    def numpy_fn():
+        xq = np.pad(xv.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+        return np.stack([np.stack([(dyv * xq[:, :, r:r + out, t:t + out]).sum(axis=(0, 2, 3))
+                                   for t in range(ks)], -1) for r in range(ks)], -2)[:, None]
+
+    def torch_fn(torch):
+        tx, tdy = torch.from_numpy(xv), torch.from_numpy(dyv)
+        return lambda: torch.nn.grad.conv2d_weight(tx, (c, 1, ks, ks), tdy, padding=p, groups=c)
+
+    return Case([x, dy], [dw], [xv, dyv], torch_fn, numpy_fn)
+
+
 def _elementwise_chain(d) -> Case:
     from dsl.compat import tvm
     from dsl.ops import vector as vec
@@ -611,6 +682,16 @@ def specs() -> list[Spec]:
         Spec("bn_dgamma_8x64x56x56", "reduction",
              {"full": {"n": 8, "c": 64, "hw": 56}, "tiny": {"n": 2, "c": 3, "hw": 8}},
              _channel_sums, lambda d: 2.0 * d["n"] * d["c"] * d["hw"] ** 2,
+             lambda d: 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
+        Spec("max_pool_dx_3x3_s2_112x112x64", "pool_dx",
+             {"full": {"n": 1, "c": 64, "hw": 112, "ks": 3, "pad": 1, "stride": 2},
+              "tiny": {"n": 2, "c": 3, "hw": 9, "ks": 3, "pad": 1, "stride": 2}}, _max_pool_dx,
+             lambda d: 0.0, lambda d: F32 * d["n"] * d["c"] * (2 * d["hw"] ** 2
+                                                               + 2 * _conv_out(d) ** 2)),
+        Spec("depthwise_dw_3x3_8x64x56x56", "dw",
+             {"full": {"n": 8, "c": 64, "hw": 56, "ks": 3, "pad": 1},
+              "tiny": {"n": 2, "c": 3, "hw": 8, "ks": 3, "pad": 1}}, _depthwise_dw,
+             lambda d: 2.0 * d["n"] * d["c"] * d["ks"] ** 2 * _conv_out(d) ** 2,
              lambda d: 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
         Spec("pixel_shuffle_r2_256x112x112", "layout",
              {"full": {"n": 1, "c": 64, "hw": 112, "r": 2},
