@@ -27,7 +27,7 @@ from schedules.patterns import (  # noqa: F401
     window,
 )
 from schedules.patterns.analysis import all_facts, consumers_of, output_blocks
-from schedules.patterns.common import attempt
+from schedules.patterns.common import attempt, product
 
 GENERIC = "generic.last_resort"
 
@@ -127,18 +127,25 @@ def _match_reduction(where):
 
 
 def _match_tap_sums(facts, name, outputs):
-    """A window reduction over its reads' contiguous axis into the window's taps (a
-    depthwise weight gradient)."""
+    """A window reduction into the window's taps (a depthwise weight gradient): a few taps,
+    a reduction longer than the output, and every read contiguous along the reduction's
+    innermost iterator (NCHW) or along the output's innermost axis, the channels (NHWC)."""
     from schedules.patterns.analysis import stride_in
 
     f = facts[name]
     if not _window(f) or not f.reads:
         return None
-    j, taps = f.reduce[-1], reduction.tap_axes(f)
-    if not taps or any(not acc.indices or stride_in(acc.indices[-1], j) != 1
-                       for acc in f.reads):
+    taps = reduction.tap_axes(f)
+    n_taps = product(f.extents[v] for v in taps)
+    if not taps or n_taps > reduction.MAX_TAPS or \
+            product(f.extents[v] for v in f.reduce) <= product(f.extents[v] for v in f.spatial):
         return None
-    return [name], f"{f.why}: the taps {taps} of a sum along every read's contiguous axis {j}"
+    along = reduction.tap_lanes_axis(f)
+    if along is None or not all(acc.indices and stride_in(acc.indices[-1], along) == 1
+                                for acc in f.reads):
+        return None
+    return [name], (f"{f.why}: the {n_taps} taps {taps} of a sum, every read contiguous "
+                    f"along {along}")
 
 
 def _window(f) -> bool:
@@ -197,10 +204,10 @@ RULES = (
                 _apply_contraction),
     PatternRule("patterns.contraction", _match_contraction, _apply_contraction),
     PatternRule("patterns.row_reduction", _match_row_group, _apply_row_group),
-    PatternRule("patterns.window+epilogue", _match_window_epilogue, _apply_window),
-    PatternRule("patterns.window", _match_window, _apply_window),
     PatternRule("patterns.tap_sums", _match_tap_sums,
                 lambda sch, n, facts, t: reduction.schedule_tap_sums(sch, n[0], facts, t)),
+    PatternRule("patterns.window+epilogue", _match_window_epilogue, _apply_window),
+    PatternRule("patterns.window", _match_window, _apply_window),
     PatternRule("patterns.inner_reduction", _match_reduction("innermost"),
                 lambda sch, n, facts, t: reduction.schedule_inner_reduction(sch, n[0], facts,
                                                                             t)),

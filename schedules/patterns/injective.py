@@ -93,7 +93,7 @@ def padded_rows(sch, blk, target) -> bool:
         return False
     lo, hi = max(0, lo or 0), min(n, n if hi is None else hi)
     inner = hi - lo
-    if inner < lanes:
+    if inner < lanes or (lo, hi) == (0, n):  # no border along the row: nothing to split off
         return False
     width = next((w for w in (lanes, lanes // 2, lanes // 4)
                   if w and inner % w == 0 and inner // w <= PAD_PARTS), inner)

@@ -274,12 +274,8 @@ def schedule_outer_reduction(sch, name: str, facts: dict, target) -> None:
     sch.vectorize(sch.get_loops(wb)[-1])
 
 
-def tap_width(target, dtype: str, f) -> int:
-    """Lanes of :func:`schedule_tap_sums`'s partial sums: a full vector, else a half one,
-    dividing the innermost reduction axis (0 where neither does)."""
-    n = f.extents[f.reduce[-1]]
-    lanes = target.lanes(dtype)
-    return next((w for w in (lanes, lanes // 2) if w >= 4 and n % w == 0), 0)
+# Taps a tap-sums block may hold (7 x 7): each tap's partial sums stay in registers.
+MAX_TAPS = 49
 
 
 def tap_axes(f) -> list[str]:
@@ -290,32 +286,46 @@ def tap_axes(f) -> list[str]:
             if any(v in vs and vs & red for acc in f.reads for vs in acc.index_vars)]
 
 
-def schedule_tap_sums(sch, name: str, facts: dict, target) -> str:
-    """A window reduction whose output holds the window's taps and whose innermost
-    reduction iterator ``j`` is every read's contiguous axis (a depthwise weight gradient,
-    ``dw[c, ry, rx] = sum dy[n, c, i, j] * x[n, c, i + ry, j + rx]``): ``j`` split into
-    vectors by ``rfactor``, every tap's vector of partial sums in registers across the
-    whole reduction (one load of ``dy`` serves all the taps), the other output axes (the
-    channels) across cores with the padded input computed per channel, the lanes summed
-    once at the end. Tiled along its 3-wide output row instead, each vector held 3 taps."""
+def tap_lanes_axis(f) -> str | None:
+    """The iterator :func:`schedule_tap_sums` puts in vector lanes: the output's innermost
+    axis where it is no tap (the channels of an NHWC weight gradient), else the innermost
+    reduction iterator (NCHW: the columns)."""
+    if not f.spatial or not f.reduce:
+        return None
+    return f.spatial[-1] if f.spatial[-1] not in tap_axes(f) else f.reduce[-1]
+
+
+def schedule_tap_sums(sch, name: str, facts: dict, target):
+    """A window reduction into the window's taps (a depthwise weight gradient, ``dw[c, ry,
+    rx] = sum dy[n, c, i, j] * x[n, c, i + ry, j + rx]``): every tap's vector of partial
+    sums in registers across the whole reduction, one load of ``dy`` serving all the taps,
+    the other output axes across cores. In NCHW the lanes run along ``j`` (``rfactor``;
+    the lanes summed once at the end) and the padded input is computed per channel; in
+    NHWC along the channels, blocks of them across cores and the padded input computed per
+    image of the block. Left to the window rule, each tap (or row of taps) was a pass of
+    its own over the data."""
     f = facts[name]
+    along = tap_lanes_axis(f)
+    if along in f.reduce:
+        return _tap_sums_rfactor(sch, name, f, target)
+    return _tap_sums_channels(sch, name, f, along, target)
+
+
+def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
     blk = sch.get_sblock(name)
-    width = tap_width(target, f.out_dtype, f)
+    n, lanes = f.extents[f.reduce[-1]], target.lanes(f.out_dtype)
+    width = next((w for w in (lanes, lanes // 2) if w >= 4 and n % w == 0), 0)
     if not width:
         raise ValueError(f"{f.reduce[-1]} is no whole number of vectors")
     taps = tap_axes(f)
-    loops = sch.get_loops(blk)
-    by = dict(zip([*f.spatial, *f.reduce], loops))
+    by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
     _, ji = sch.split(by[f.reduce[-1]], [None, width])
     rf = sch.rfactor(ji, len(sch.get(blk).body.indices))
     rf_loops = dict(zip([*f.spatial, *f.reduce, "lanes"], sch.get_loops(rf)))
     rows = [rf_loops[v] for v in f.spatial if v not in taps]
     red = sch.get_loops(rf)[len(f.spatial):-1]
     sch.reorder(*rows, *red, *(rf_loops[v] for v in taps), rf_loops["lanes"])
-    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
-    elems = product(f.extents[v] for v in [*f.spatial, *f.reduce])
-    if target.cores > 1 and extent(sch, row) >= 2 and elems >= 1 << 15:
-        sch.parallel(row)
+    row = _rows_across_cores(sch, rows, f, target)
     wb = sch.cache_write(rf, 0, "local")
     sch.reverse_compute_at(wb, row, preserve_unit_loops=True)
     sch.reverse_compute_at(blk, row, preserve_unit_loops=True)
@@ -327,3 +337,45 @@ def schedule_tap_sums(sch, name: str, facts: dict, target) -> str:
     return Detail(f"{width}-lane partial sums of each tap {taps} in registers across the "
                   f"reduction, rfactor along {f.reduce[-1]}"
                   + (f", {', '.join(inside)} computed per row" if inside else ""), also=inside)
+
+
+def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
+    blk = sch.get_sblock(name)
+    lanes = target.lanes(f.out_dtype)
+    n = f.extents[along]
+    if n % lanes:
+        raise ValueError(f"{along} is no whole number of vectors")
+    taps = tap_axes(f)
+    n_taps = product(f.extents[v] for v in taps)
+    # accumulators: taps x vectors within the register file, blocks enough for the cores
+    nv = max(1, min(n // lanes, (28 // n_taps) or 1))
+    while nv > 1 and (n % (nv * lanes) or n // (nv * lanes) < target.cores):
+        nv -= 1
+    by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
+    co, cv, cl = sch.split(by[along], [None, nv, lanes])
+    rows = [by[v] for v in f.spatial if v not in taps and v != along]
+    red = [by[v] for v in f.reduce]
+    sch.reorder(*rows, co, *red, *(by[v] for v in taps), cv, cl)
+    row = _rows_across_cores(sch, [*rows, co], f, target)
+    wb = sch.cache_write(blk, 0, "local")
+    sch.reverse_compute_at(wb, row, preserve_unit_loops=True)
+    for v in taps:
+        sch.unroll(by[v])
+    sch.unroll(cv)
+    sch.vectorize(cl)
+    sch.decompose_reduction(blk, red[0])
+    sch.vectorize(sch.get_loops(wb)[-1])
+    inside = [m for r in f.reads
+              for m in producers_inside(sch, blk, r.buffer, red[0], target)]
+    return Detail(f"{nv} x {lanes}-lane vectors of {along} for each of the {n_taps} taps "
+                  f"{taps} in registers across the reduction, blocks of {along} across cores"
+                  + (f", {', '.join(inside)} computed per {f.reduce[0]}" if inside else ""),
+                  also=inside)
+
+
+def _rows_across_cores(sch, rows: list, f, target):
+    row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+    elems = product(f.extents[v] for v in [*f.spatial, *f.reduce])
+    if target.cores > 1 and extent(sch, row) >= 2 and elems >= 1 << 15:
+        sch.parallel(row)
+    return row

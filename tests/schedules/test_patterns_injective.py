@@ -114,3 +114,20 @@ def test_padded_rows_interior_in_whole_vectors(w, pads, dtype):
             vectors
     else:
         assert sum(vectors) != w, vectors
+
+
+def test_bounds_without_border_keep_the_plain_rule():
+    """A "padding" by zero (bounds that hold across the whole row, 17 columns) has no border
+    to split off: the plain rule takes it, with no fall to the generic schedule."""
+    import warnings
+
+    rng = np.random.default_rng(17)
+    x = te.placeholder((2, 3, 9, 17), name="x")
+    y = te.compute((2, 3, 9, 17), lambda b, c, i, j: te.if_then_else(
+        te.all(i >= 0, i < 9, j >= 0, j < 17), x[b, c, i, j], 0.0), name="xpad")
+    xn = rand((2, 3, 9, 17), "float32", rng)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (out,), why = build_run([y], [x], [xn])
+    np.testing.assert_array_equal(out, xn)
+    assert {s: r for s, r, _ in why.stages}["xpad"] == "patterns.injective", why.stages

@@ -212,10 +212,28 @@ def test_tap_sums(n, c, size, ks, pads, dtype):
     assert {s: r for s, r, _ in why.stages}["dw"] == "patterns.tap_sums", why.stages
 
 
+@pytest.mark.parametrize(("n", "c", "size", "pads"), [
+    (4, 32, (8, 16), ((1, 1), (1, 1))),
+    (6, 16, (9, 7), ((0, 2), (1, 1))),   # odd sizes, asymmetric padding
+], ids=str)
+def test_tap_sums_channels_last(n, c, size, pads):
+    """An NHWC depthwise weight gradient (taps ``[ry, rx, c]``): the channels in the lanes,
+    every tap's vectors in registers across the whole reduction; against numpy float64."""
+    rng = np.random.default_rng(43)
+    x, dy, dw = _tap_sums_graph(n, c, size, 3, pads, "float32", nhwc=True)
+    xn = rand([int(v) for v in x.shape], "float32", rng)
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn])
+    ref = _ref_tap_sums(xn.transpose(0, 3, 1, 2), dyn.transpose(0, 3, 1, 2), 3,
+                        pads)[:, 0].transpose(1, 2, 0)
+    check(out, ref, "float32")
+    assert {s: r for s, r, _ in why.stages}["dw"] == "patterns.tap_sums", why.stages
+
+
 def test_tap_sums_refused():
-    """Rows of 7 (no whole half vector) and channels last (the reduction's innermost
-    iterator is no read's contiguous axis) keep the plain outer-reduction rule: correct
-    either way."""
+    """Rows of 7 (no whole half vector) and NHWC channels that are no whole vector (12)
+    keep the other rules; a depthwise forward (its taps are the reduction) is no tap sum.
+    Correct either way."""
     rng = np.random.default_rng(42)
     x, dy, dw = _tap_sums_graph(2, 3, (5, 7), 3, ((1, 1), (1, 1)), "float32")
     xn, dyn = rand((2, 3, 5, 7), "float32", rng), rand((2, 3, 5, 7), "float32", rng)
@@ -223,10 +241,22 @@ def test_tap_sums_refused():
     check(out, _ref_tap_sums(xn, dyn, 3, ((1, 1), (1, 1))), "float32")
     assert {s: r for s, r, _ in why.stages}["dw"] != "patterns.tap_sums", why.stages
 
-    x, dy, dw = _tap_sums_graph(2, 16, (6, 8), 3, ((1, 1), (1, 1)), "float32", nhwc=True)
-    xn, dyn = rand((2, 6, 8, 16), "float32", rng), rand((2, 6, 8, 16), "float32", rng)
+    x, dy, dw = _tap_sums_graph(2, 12, (6, 8), 3, ((1, 1), (1, 1)), "float32", nhwc=True)
+    xn, dyn = rand((2, 6, 8, 12), "float32", rng), rand((2, 6, 8, 12), "float32", rng)
     (out,), why = build_run([dw], [x, dy], [xn, dyn])
     ref = _ref_tap_sums(xn.transpose(0, 3, 1, 2), dyn.transpose(0, 3, 1, 2), 3,
                         ((1, 1), (1, 1)))[:, 0].transpose(1, 2, 0)
     check(out, ref, "float32")
     assert {s: r for s, r, _ in why.stages}["dw"] != "patterns.tap_sums", why.stages
+
+    xp = te.placeholder((2, 16, 10, 34), name="xp")
+    wt = te.placeholder((16, 3, 3), name="wt")
+    ry, rx = te.reduce_axis((0, 3), name="ry"), te.reduce_axis((0, 3), name="rx")
+    fwd = te.compute((2, 16, 8, 32), lambda b, c, i, j: te.sum(
+        xp[b, c, i + ry, j + rx] * wt[c, ry, rx], axis=[ry, rx]), name="fwd")
+    xpn, wtn = rand((2, 16, 10, 34), "float32", rng), rand((16, 3, 3), "float32", rng)
+    (out,), why = build_run([fwd], [xp, wt], [xpn, wtn])
+    ref = sum(xpn[:, :, r:r + 8, t:t + 32].astype(np.float64) * wtn[None, :, r, t, None, None]
+              for r in range(3) for t in range(3))
+    check(out, ref, "float32")
+    assert {s: r for s, r, _ in why.stages}["fwd"] == "patterns.window", why.stages
