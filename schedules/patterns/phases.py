@@ -28,6 +28,13 @@ Written inline in the sum instead (``if_then_else((h + p - r) % s == 0 and .., d
 r + p`` (:func:`_outlined`). ``P`` is the operand's value at ``u = s*m + q``; where the
 simplifier cannot remove every ``% s`` and ``// s`` of ``m`` from it, or the reduction is not
 a sum, nothing changes.
+
+A summand that also reads other operands at the output position (a max pool's gradient:
+``dy`` and the pooled ``y`` gathered at ``(h + p - r) // s``, ``x[.., h, w]`` compared with
+``y``) has no stage over ``u`` alone; it is split directly (:func:`_direct`): each phase's
+taps substituted into the summand, a phase of at most :data:`EXPAND_TAPS` steps written out
+term by term (computed inside the interleave). Either way the whole summand must be
+provably zero at every tap off each phase's residue (:func:`_zero_off_residue`).
 """
 
 from __future__ import annotations
@@ -434,6 +441,23 @@ def _is_zero(e) -> bool:
     return False
 
 
+def _phase_domain(op, axes, phase):
+    """``(by_out, by_red, shape, reduce axes)`` of sum ``op``'s phase ``phase``: each split
+    output axis ``rows(p)`` long, each split reduction axis over the phase's ``taps(p)``."""
+    from tvm import te
+
+    red = op.body[0]
+    by_out = {a.out: (a, p) for a, p in zip(axes, phase)}
+    by_red = {a.red: (a, p) for a, p in zip(axes, phase)}
+    shape = [by_out[k][0].rows(by_out[k][1]) if k in by_out else ax.dom.extent
+             for k, ax in enumerate(op.axis)]
+    raxes = [te.reduce_axis((0, by_red[k][0].taps(by_red[k][1])), f"{r.var.name}_t")
+             if k in by_red else te.reduce_axis((r.dom.min, r.dom.min + r.dom.extent),
+                                                r.var.name)
+             for k, r in enumerate(red.axis)]
+    return by_out, by_red, shape, raxes
+
+
 def _phase(pl: Plan, operand, lo: dict, phase: tuple[int, ...]):
     """The dense contraction of one phase: output ``[.., iq, ..]`` over taps ``t``."""
     import tvm
@@ -441,14 +465,7 @@ def _phase(pl: Plan, operand, lo: dict, phase: tuple[int, ...]):
 
     op = pl.y.op
     red = op.body[0]
-    by_out = {a.out: (a, p) for a, p in zip(pl.axes, phase)}
-    by_red = {a.red: (a, p) for a, p in zip(pl.axes, phase)}
-    shape = [by_out[k][0].rows(by_out[k][1]) if k in by_out else ax.dom.extent
-             for k, ax in enumerate(op.axis)]
-    raxes = [te.reduce_axis((0, by_red[k][0].taps(by_red[k][1])), f"{r.var.name}_t")
-             if k in by_red else te.reduce_axis((r.dom.min, r.dom.min + r.dom.extent),
-                                                r.var.name)
-             for k, r in enumerate(red.axis)]
+    by_out, by_red, shape, raxes = _phase_domain(op, pl.axes, phase)
 
     def load(u, idx):
         if not u.op.same_as(pl.operand.op):
@@ -632,7 +649,6 @@ def _direct(y):
     phase's residue and free of ``%`` and ``//`` of the phase's iterators. None otherwise."""
     import itertools
 
-
     op = y.op
     axes = _residue_axes(y) if op.num_outputs == 1 and _is_sum(op.body[0]) else ()
     if not axes or any(int(r.dom.min) != 0 for r in op.body[0].axis):
@@ -657,13 +673,7 @@ def _direct_phase(y, axes, phase):
 
     op = y.op
     red = op.body[0]
-    by_out = {a.out: (a, p) for a, p in zip(axes, phase)}
-    by_red = {a.red: (a, p) for a, p in zip(axes, phase)}
-    shape = [by_out[k][0].rows(by_out[k][1]) if k in by_out else ax.dom.extent
-             for k, ax in enumerate(op.axis)]
-    raxes = [te.reduce_axis((0, by_red[k][0].taps(by_red[k][1])), f"{r.var.name}_t")
-             if k in by_red else te.reduce_axis((0, r.dom.extent), r.var.name)
-             for k, r in enumerate(red.axis)]
+    _, by_red, shape, raxes = _phase_domain(op, axes, phase)
 
     def body(*ax):
         src = _at_phase(y, axes, phase, [a.rho(p) for a, p in zip(axes, phase)],
