@@ -141,7 +141,9 @@ def _match_tap_sums(facts, name, outputs):
             product(f.extents[v] for v in f.reduce) <= product(f.extents[v] for v in f.spatial):
         return None
     along = reduction.tap_lanes_axis(f)
-    if along is None or not all(acc.indices and stride_in(acc.indices[-1], along) == 1
+    # along a reduction iterator, a strided read is re-laid by phase (a stride-2 dw)
+    steps = (1, 2, 3) if along in f.reduce else (1,)
+    if along is None or not all(acc.indices and stride_in(acc.indices[-1], along) in steps
                                 for acc in f.reads):
         return None
     return [name], (f"{f.why}: the {n_taps} taps {taps} of a sum, every read contiguous "

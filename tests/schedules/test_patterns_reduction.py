@@ -158,12 +158,13 @@ def _allocated(func) -> list:
     return [buf for b in blocks for buf in b.alloc_buffers]
 
 
-def _tap_sums_graph(n, c, size, ks, pads, dtype, nhwc=False):
+def _tap_sums_graph(n, c, size, ks, pads, dtype, nhwc=False, stride=1):
     """A depthwise weight gradient as users write it: ``dw[c, 0, ry, rx] = sum_{b, i, j}
     dy[b, c, i, j] * xpad[b, c, i + ry, j + rx]`` (NCHW, or NHWC with the channels last and
     the taps ``[ry, rx, c]``)."""
     (h, w), ((pt, pb), (pl, pr)) = size, pads
-    ho, wo = h + pt + pb - ks + 1, w + pl + pr - ks + 1
+    ho, wo = (h + pt + pb - ks) // stride + 1, (w + pl + pr - ks) // stride + 1
+    st = stride
     shape, dshape = ((n, h, w, c), (n, ho, wo, c)) if nhwc else ((n, c, h, w), (n, c, ho, wo))
     x = te.placeholder(shape, name="x", dtype=dtype)
     dy = te.placeholder(dshape, name="dy", dtype=dtype)
@@ -180,16 +181,18 @@ def _tap_sums_graph(n, c, size, ks, pads, dtype, nhwc=False):
         dw = te.compute((ks, ks, c), lambda ry, rx, ci: te.sum(
             dy[b, i, j, ci] * xp[b, i + ry, j + rx, ci], axis=[b, i, j]), name="dw")
     else:
+        src = xp if pads != ((0, 0), (0, 0)) else x  # no padding: the kernel input itself
         dw = te.compute((c, 1, ks, ks), lambda ci, z, ry, rx: te.sum(
-            dy[b, ci, i, j] * xp[b, ci, i + ry, j + rx], axis=[b, i, j]), name="dw")
+            dy[b, ci, i, j] * src[b, ci, i * st + ry, j * st + rx], axis=[b, i, j]), name="dw")
     return x, dy, dw
 
 
-def _ref_tap_sums(xn, dyn, ks, pads):
+def _ref_tap_sums(xn, dyn, ks, pads, s=1):
     """NCHW depthwise weight gradient from the definition (float64)."""
     xp = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), *pads))
     ho, wo = dyn.shape[2:]
-    return np.stack([np.stack([(dyn * xp[:, :, r:r + ho, t:t + wo]).sum(axis=(0, 2, 3))
+    return np.stack([np.stack([(dyn * xp[:, :, r:r + s * (ho - 1) + 1:s,
+                                         t:t + s * (wo - 1) + 1:s]).sum(axis=(0, 2, 3))
                                for t in range(ks)], -1) for r in range(ks)], -2)[:, None]
 
 
@@ -210,6 +213,26 @@ def test_tap_sums(n, c, size, ks, pads, dtype):
     (out,), why = build_run([dw], [x, dy], [xn, dyn])
     check(out, _ref_tap_sums(xn, dyn, ks, pads), dtype)
     assert {s: r for s, r, _ in why.stages}["dw"] == "patterns.tap_sums", why.stages
+
+
+@pytest.mark.parametrize(("n", "c", "size", "ks", "pads", "stride"), [
+    (2, 5, (17, 33), 3, ((1, 1), (1, 0)), 2),   # 16 columns of a stride-2 dw
+    (3, 3, (13, 26), 3, ((0, 0), (0, 0)), 2),   # 12 columns (xmm), the input unpadded
+    (2, 4, (14, 25), 2, ((1, 1), (0, 2)), 3),   # stride 3, 9 columns: none divide
+], ids=str)
+def test_tap_sums_strided(n, c, size, ks, pads, stride):
+    """A strided depthwise weight gradient (``x[.., i * s + ry, j * s + rx]``): the strided
+    operand re-laid by phase so the lanes read whole vectors (a padding stage in place, a
+    kernel input through a copy); rows that no vector of 4 or more lanes divides keep the
+    other rules. Against numpy float64."""
+    rng = np.random.default_rng(44)
+    x, dy, dw = _tap_sums_graph(n, c, size, ks, pads, "float32", stride=stride)
+    xn = rand([int(v) for v in x.shape], "float32", rng)
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn])
+    check(out, _ref_tap_sums(xn, dyn, ks, pads, stride), "float32")
+    whole = int(dy.shape[-1]) % 4 == 0
+    assert ({s: r for s, r, _ in why.stages}["dw"] == "patterns.tap_sums") == whole, why.stages
 
 
 @pytest.mark.parametrize(("n", "c", "size", "pads"), [
