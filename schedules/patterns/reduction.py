@@ -336,6 +336,9 @@ def _unstrided(sch, name: str, f, var: str) -> tuple[object, list[str]]:
 
 
 def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
+    """NCHW: lanes along the innermost reduction iterator, by ``rfactor``."""
+    from schedules.patterns.injective import schedule_injective
+
     f, copies = _unstrided(sch, name, f, f.reduce[-1])
     blk = sch.get_sblock(name)
     n, lanes = f.extents[f.reduce[-1]], target.lanes(f.out_dtype)
@@ -359,8 +362,6 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
     sch.vectorize(rf_loops["lanes"])
     sch.decompose_reduction(rf, red[0])
     inside = [m for r in f.reads for m in producers_inside(sch, rf, r.buffer, row, target)]
-    from schedules.patterns.injective import schedule_injective
-
     for copy in copies:
         if copy not in inside:
             schedule_injective(sch, copy, target)
@@ -372,6 +373,9 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
 
 
 def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
+    """NHWC: lanes along the output's innermost axis ``along`` (the channels)."""
+    from schedules.patterns.contraction import vector_registers
+
     blk = sch.get_sblock(name)
     lanes = target.lanes(f.out_dtype)
     n = f.extents[along]
@@ -379,8 +383,9 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
         raise ValueError(f"{along} is no whole number of vectors")
     taps = tap_axes(f)
     n_taps = product(f.extents[v] for v in taps)
-    # accumulators: taps x vectors within the register file, blocks enough for the cores
-    nv = max(1, min(n // lanes, (28 // n_taps) or 1))
+    # accumulators: taps x vectors within the register file (four left for the loads),
+    # blocks enough for the cores
+    nv = max(1, min(n // lanes, (vector_registers(target) - 4) // n_taps))
     while nv > 1 and (n % (nv * lanes) or n // (nv * lanes) < target.cores):
         nv -= 1
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
@@ -406,6 +411,7 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
 
 
 def _rows_across_cores(sch, rows: list, f, target):
+    """``rows`` fused into one loop, run across cores where the block is large enough."""
     row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
     elems = product(f.extents[v] for v in [*f.spatial, *f.reduce])
     if target.cores > 1 and extent(sch, row) >= 2 and elems >= 1 << 15:
