@@ -34,7 +34,10 @@ A summand that also reads other operands at the output position (a max pool's gr
 ``y``) has no stage over ``u`` alone; it is split directly (:func:`_direct`): each phase's
 taps substituted into the summand, a phase of at most :data:`EXPAND_TAPS` steps written out
 term by term (computed inside the interleave). Either way the whole summand must be
-provably zero at every tap off each phase's residue (:func:`_zero_off_residue`).
+provably zero at every tap off each phase's residue (:func:`_zero_off_residue`). A sum with
+no residue test but a guard on its taps (a stride-1 max pool's gradient, a padding written
+inside the sum) of at most that many steps is written out the same way
+(:func:`_expand_guarded`).
 """
 
 from __future__ import annotations
@@ -562,7 +565,8 @@ def split(y):
         pl = plan(inline) if inline is not None else None
     made = _operand(pl) if pl is not None else None
     if made is None:
-        return _direct(y)
+        direct = _direct(y)
+        return direct if direct is not None else _expand_guarded(y)
     if not _zero_off_residue(pl.y, pl.axes, pl.operand):
         return None
     operand, lo = made
@@ -703,6 +707,37 @@ def _expanded(src, raxes):
             r.var: tvm.tirx.const(k, "int32") for r, k in zip(raxes, steps)}))
         total = term if total is None else total + term
     return total
+
+
+def _guarded_by(expr, variables) -> bool:
+    """Whether ``expr`` holds an ``if_then_else`` whose condition tests one of
+    ``variables``."""
+    import tvm
+
+    return any("if_then_else" in str(getattr(c.op, "name", "")) and
+               any(_uses(c.args[0], v) for v in variables)
+               for c in nodes_of(expr, tvm.ir.expr.Call))
+
+
+def _expand_guarded(y):
+    """A sum of at most :data:`EXPAND_TAPS` steps whose summand reads under a test of its
+    reduction iterators (a stride-1 max pool's gradient: ``dy[.., i + p - r]`` where it is
+    in bounds and ``x`` equals the window's maximum), which no phase splits: written out
+    term by term, an injective stage. None for anything else."""
+    from tvm import te
+
+    op = y.op
+    red = op.body[0] if op.num_outputs == 1 else None
+    if red is None or not _is_sum(red) or any(int(r.dom.min) != 0 for r in red.axis) or \
+            product(int(r.dom.extent) for r in red.axis) > EXPAND_TAPS or \
+            not _guarded_by(red.source[0], [r.var for r in red.axis]):
+        return None
+
+    def body(*ax):
+        src = rewrite(red.source[0], {a.var: x for a, x in zip(op.axis, ax)})
+        return _expanded(src, red.axis)
+
+    return te.compute(op.output(0).shape, body, name=op.name, tag=op.tag, attrs=op.attrs)
 
 
 def _computes(tensors) -> list:

@@ -451,6 +451,44 @@ def test_max_pool_gradient_split(size, ks, s, pads):
     assert all(rules[k] == "patterns.inline" for k in rules if k.startswith("dx_phase_")), rules
 
 
+@pytest.mark.parametrize(("size", "ks", "pads"), [((9, 12), 3, ((1, 1), (1, 1))),
+                                                 ((7, 10), 2, ((0, 1), (1, 0)))], ids=str)
+def test_max_pool_gradient_stride_one(size, ks, pads):
+    """A stride-1 max pool's gradient has no phases: its few guarded taps are written out
+    term by term (:func:`phases._expand_guarded`), an injective stage. Against numpy
+    float64."""
+    rng = np.random.default_rng(sum(size) + ks)
+    x, y, dy, dx = _max_pool_dx(2, 4, size, ks, 1, pads)
+    xn = rand((2, 4, *size), "float32", rng)
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    yn, ref = _ref_max_pool_dx(xn, dyn, ks, 1, pads)
+    (out,), why = build_run([dx], [x, y, dy], [xn, yn, dyn])
+    check(out, ref, "float32")
+    assert _rules(why)["dx"] == "patterns.injective", _rules(why)
+
+
+@pytest.mark.parametrize(("ks", "expanded"), [(3, True), (5, False)])
+def test_inline_padded_window_written_out(ks, expanded):
+    """A depthwise conv2d whose padding is a guard inside its 3x3 sum is written out the
+    same way; a sum of more than :data:`phases.EXPAND_TAPS` steps (5x5) is not. Against
+    numpy."""
+    rng = np.random.default_rng(51 + ks)
+    n, c, h, w, p = 2, 3, 9, 20, ks // 2
+    x = te.placeholder((n, c, h, w), name="x")
+    wt = te.placeholder((c, ks, ks), name="wt")
+    ry, rx = te.reduce_axis((0, ks), name="ry"), te.reduce_axis((0, ks), name="rx")
+    y = te.compute((n, c, h, w), lambda b, ci, i, j: te.sum(te.if_then_else(
+        te.all(i + ry >= p, i + ry < h + p, j + rx >= p, j + rx < w + p),
+        x[b, ci, i + ry - p, j + rx - p], 0.0) * wt[ci, ry, rx], axis=[ry, rx]), name="dwf")
+    xn, wn = rand((n, c, h, w), "float32", rng), rand((c, ks, ks), "float32", rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    xp = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    ref = sum(xp[:, :, r:r + h, t:t + w] * wn[None, :, r, t, None, None]
+              for r in range(ks) for t in range(ks))
+    check(out, ref, "float32")
+    assert (_rules(why)["dwf"] == "patterns.injective") == expanded, _rules(why)
+
+
 def test_direct_split_left_whole():
     """A summand that is not zero off the residue (a term added outside the guarded
     gather) is not split, by either way (outlining the gather, :func:`phases._outlined`,
