@@ -125,6 +125,26 @@ def phase_map(ndim: int, stride: int):
                               ndim=ndim, index_dtype="int32")
 
 
+def split_by_phase(sch, name: str, reads: list) -> tuple[object, list[str]]:
+    """Re-lay each ``(access, s)`` of ``reads`` (a read of block ``name`` stepping its last
+    axis by a stride ``s``: ``x[.., v * s + r]``) as ``[.., W % s, W // s]`` (:func:`phase_map`;
+    a stage in place, a kernel input through a copy), so it reads ``[.., r % s, v + r //
+    s]``: whole vectors along ``v``. Returns ``(facts of the block, copy blocks made)``."""
+    from schedules.patterns.analysis import block_facts, root_blocks
+
+    before = {sch.get(b).name_hint for b in root_blocks(sch)}
+    for acc, s in reads:
+        blk = sch.get_sblock(name)
+        idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == acc.buffer)
+        if acc.buffer not in {block_facts(sch, b).out_buffer for b in sch.get_producers(blk)}:
+            sch.cache_read(blk, idx, "global")  # a kernel input: split a copy of it
+            blk = sch.get_sblock(name)
+        sch.transform_layout(blk, ("read", idx), phase_map(len(acc.shape), s),
+                             pad_value=0.0 if acc.shape[-1] % s else None)
+    made = [sch.get(b).name_hint for b in root_blocks(sch)]
+    return block_facts(sch, sch.get_sblock(name)), [m for m in made if m not in before]
+
+
 def vectorize_registers(sch, loop, lanes: int) -> None:
     """Vectorise ``loop`` in whole registers of ``lanes``: split and its outer part unrolled
     where it holds several, else vectorised whole."""

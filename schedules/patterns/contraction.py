@@ -34,9 +34,9 @@ from schedules.patterns.analysis import stride_in
 from schedules.patterns.common import (
     Detail,
     extent,
-    phase_map,
     producers_inside,
     product,
+    split_by_phase,
     vectorize_registers,
 )
 
@@ -204,32 +204,10 @@ def _strided_operand(f):
 
 def _phase_split(sch, name: str, f):
     """Make a strided convolution's windowed operand contiguous along the output's innermost
-    axis: its innermost dimension ``W`` re-laid as ``[W % s, W // s]`` (a padding stage in
-    place, an input through a copy), so ``x[.., v * s + r]`` reads ``[.., r % s, v + r // s]``
-    and the micro-kernel loads whole vectors. Returns ``(facts, copy blocks)``, or None."""
-    from schedules.patterns.analysis import block_facts, root_blocks
-
+    axis (:func:`.common.split_by_phase`), so the micro-kernel loads whole vectors. Returns
+    ``(facts, copy blocks)``, or None."""
     hit = _strided_operand(f)
-    if hit is None:
-        return None
-    op, s = hit
-    blk = sch.get_sblock(name)
-    idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == op.buffer)
-    before = {sch.get(b).name_hint for b in root_blocks(sch)}
-    if op.buffer not in {fb.out_buffer for fb in _producers(sch, blk)}:
-        sch.cache_read(blk, idx, "global")  # a kernel input: split a copy of it
-        blk = sch.get_sblock(name)
-    nd = len(op.shape)
-    sch.transform_layout(blk, ("read", idx), phase_map(nd, s),
-                         pad_value=0.0 if op.shape[-1] % s else None)
-    made = [sch.get(b).name_hint for b in root_blocks(sch)]
-    return block_facts(sch, sch.get_sblock(name)), [n for n in made if n not in before]
-
-
-def _producers(sch, blk):
-    from schedules.patterns.analysis import block_facts
-
-    return [block_facts(sch, b) for b in sch.get_producers(blk)]
+    return None if hit is None else split_by_phase(sch, name, [hit])
 
 
 def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | None = None):

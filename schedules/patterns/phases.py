@@ -256,20 +256,22 @@ def plan(y) -> Plan | None:
     return None
 
 
+def _if_then_else(expr) -> list:
+    """The ``if_then_else(cond, a, b)`` calls of ``expr``."""
+    import tvm
+
+    return [c for c in nodes_of(expr, tvm.ir.expr.Call)
+            if "if_then_else" in str(getattr(c.op, "name", "")) and len(c.args) == 3]
+
+
 def _guarded_gathers(expr) -> list:
     """The ``if_then_else(cond, value, 0)`` terms of ``expr`` whose condition tests a
     residue ``(...) % s == 0``: a zero-inserted operand written inline."""
     import tvm
 
-    out = []
-    for call in nodes_of(expr, tvm.ir.expr.Call):
-        if "if_then_else" not in str(getattr(call.op, "name", "")) or len(call.args) != 3:
-            continue
-        other = call.args[2]
-        if isinstance(other, (tvm.tirx.IntImm, tvm.tirx.FloatImm)) and other.value == 0 and \
-                nodes_of(call.args[0], tvm.tirx.FloorMod):
-            out.append(call)
-    return out
+    return [c for c in _if_then_else(expr)
+            if isinstance(c.args[2], (tvm.tirx.IntImm, tvm.tirx.FloatImm))
+            and c.args[2].value == 0 and nodes_of(c.args[0], tvm.tirx.FloorMod)]
 
 
 def _outlined(y):
@@ -406,24 +408,7 @@ def _operand(pl: Plan):
 
     p = te.compute(shape, body, name=f"{t.op.name}_compressed", tag=OPERAND_TAG)
     free = _residue_free(p.op.body[0], [p.op.axis[a.dim].var for a in pl.axes])
-    return (p, lo) if free and _zero_between(pl) else None
-
-
-def _zero_between(pl: Plan) -> bool:
-    """Whether the operand is provably zero at every ``u`` off its residue ``q`` (``s*m + q
-    + d``, ``0 < d < s``) on each zero-inserted axis: the taps the split skips multiply
-    nothing else. A stage that tests ``u % s`` to choose between two values is not one."""
-    import tvm
-
-    t = pl.operand
-    m = tvm.tirx.Var("m", "int32")
-    for a in pl.axes:
-        for d in range(1, a.s):
-            idx = [tvm.tirx.Var(f"u{k}", "int32") for k in range(len(t.shape))]
-            idx[a.dim] = a.s * m + a.q + d
-            if not _is_zero(tvm.sym.Analyzer().simplify(value_at(t, idx))):
-                return False
-    return True
+    return (p, lo) if free else None
 
 
 def _is_zero(e) -> bool:
@@ -712,11 +697,7 @@ def _expanded(src, raxes):
 def _guarded_by(expr, variables) -> bool:
     """Whether ``expr`` holds an ``if_then_else`` whose condition tests one of
     ``variables``."""
-    import tvm
-
-    return any("if_then_else" in str(getattr(c.op, "name", "")) and
-               any(_uses(c.args[0], v) for v in variables)
-               for c in nodes_of(expr, tvm.ir.expr.Call))
+    return any(_uses(c.args[0], v) for c in _if_then_else(expr) for v in variables)
 
 
 def _expand_guarded(y):

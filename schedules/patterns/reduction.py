@@ -23,6 +23,7 @@ from schedules.patterns.common import (
     extent,
     producers_inside,
     product,
+    split_by_phase,
     vector_width,
     vectorize_tail,
 )
@@ -311,35 +312,16 @@ def schedule_tap_sums(sch, name: str, facts: dict, target):
     return _tap_sums_channels(sch, name, f, along, target)
 
 
-def _unstrided(sch, name: str, f, var: str) -> tuple[object, list[str]]:
-    """Each read of block ``name`` that steps ``var`` by a stride ``s > 1`` along its last
-    axis (a stride-2 weight gradient's ``x[.., j * 2 + rx]``) re-laid as ``[.., W % s, W //
-    s]`` (a stage in place, a kernel input through a copy), so it reads ``[.., rx % s, j +
-    rx // s]``: whole vectors along ``var``. Returns ``(facts, copies made)``."""
-    from schedules.patterns.analysis import block_facts, root_blocks, stride_in
-    from schedules.patterns.common import phase_map
-
-    before = {sch.get(b).name_hint for b in root_blocks(sch)}
-    for acc in f.reads:
-        step = stride_in(acc.indices[-1], var) if acc.indices else None
-        if step is None or step <= 1:
-            continue
-        blk = sch.get_sblock(name)
-        idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == acc.buffer)
-        if acc.buffer not in {block_facts(sch, b).out_buffer for b in sch.get_producers(blk)}:
-            sch.cache_read(blk, idx, "global")
-            blk = sch.get_sblock(name)
-        sch.transform_layout(blk, ("read", idx), phase_map(len(acc.shape), step),
-                             pad_value=0.0 if acc.shape[-1] % step else None)
-    made = [sch.get(b).name_hint for b in root_blocks(sch)]
-    return block_facts(sch, sch.get_sblock(name)), [m for m in made if m not in before]
-
-
 def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
     """NCHW: lanes along the innermost reduction iterator, by ``rfactor``."""
+    from schedules.patterns.analysis import stride_in
     from schedules.patterns.injective import schedule_injective
 
-    f, copies = _unstrided(sch, name, f, f.reduce[-1])
+    j = f.reduce[-1]
+    # a strided gradient's operand re-laid by phase, so its lanes read whole vectors
+    strided = [(acc, stride_in(acc.indices[-1], j)) for acc in f.reads
+               if acc.indices and (stride_in(acc.indices[-1], j) or 1) > 1]
+    f, copies = split_by_phase(sch, name, strided)
     blk = sch.get_sblock(name)
     n, lanes = f.extents[f.reduce[-1]], target.lanes(f.out_dtype)
     width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and n % w == 0), 0)
