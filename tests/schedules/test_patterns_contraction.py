@@ -299,6 +299,26 @@ def test_across_channels_weights_packed_in_transposed_blocks(geo, dtype):
     assert "vectors along v_o" in note and "transposed in blocks" in note, note
 
 
+
+@pytest.mark.parametrize("cores, per_task", [(2, True), (1, True), (16, False)])
+def test_large_weights_packed_one_block_per_task(cores, per_task):
+    """Weights beyond half of L2 (256 x 64 x 3 x 3 fp32, 576 KB) with at least two blocks of
+    output channels a core: each task packs its own block (the pack computed inside the
+    parallel loop); on 16 cores the 4 blocks (of 64 channels: a 5 x 4-vector tile) are too
+    few and the whole pack stays a pass of its own. Odd 7x5 rows, batch 2, against the
+    float64 reference both ways."""
+    n, ci, co, h, w, k, pad = 2, 64, 256, 7, 5, 3, 1
+    rng = np.random.default_rng(53)
+    x, wt, y = _conv2d(n, ci, co, h, w, k, k, pad, "float32")
+    xn, wn = rand((n, ci, h, w), "float32", rng), rand((co, ci, k, k), "float32", rng)
+    tgt = targets.current().with_cores(cores)
+    (out,), why = build_run([y], [x, wt], [xn, wn], target=tgt)
+    check(out, _ref_conv(xn, wn, pad), "float32", f"weights packed per task ({cores} cores)")
+    note = _stage_why(why, "conv")
+    assert "vectors along v_o" in note, note
+    assert ("block of it per task" in note) == per_task, note
+
+
 def _grouped_conv2d(n, ci, co, h, w, k, pad, groups, dtype):
     """A user's grouped NCHW conv2d: output channel ``o`` reads input channels
     ``o // (co / groups) * (ci / groups) + rc``."""
