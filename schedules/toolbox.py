@@ -521,10 +521,10 @@ def transpose_tile(sch, block, target) -> bool:
     axis vectorised and the read's unrolled, so a block's vectors gather from the same 8
     source lines while they are in L1, not from one line per element across the whole stride
     (an 8 MB NCL -> NLC copy: 8.1 ms -> 1.2 ms on one Zen 3 core; a padded one 8.8 ms -> 1.4
-    ms). LLVM builds each vector from scalar loads and inserts (``vinsertps``); a transpose in
-    registers (row loads and ``vpermt2ps``, tensorized) ran the same copy 0.98-1.08x as fast
-    (8 x 8 and 16 x 16 blocks, 512 KB in L2 or 8 MB from memory, one Emerald Rapids core):
-    the copy is bound by its memory traffic, not by the inserts. Returns False (nothing
+    ms). Each block's gathers are turned into row loads and register shuffles when the
+    kernel is lowered (:mod:`dsl.runtime.transpose_pass`): a copy bound by its memory
+    traffic gains little (a tensorized one ran 0.98-1.08x as fast on one Emerald Rapids
+    core), a pack read from L2 inside a compute-bound kernel gains most. Returns False (nothing
     changed) when the block is not such a copy or its write axis does not divide into
     blocks."""
     loops = sch.get_loops(block)

@@ -183,9 +183,39 @@ def element_aligned_args(func):
 COMPILE_CONFIG = {"tirx.UnrollLoop": {"auto_max_depth": 0}}
 
 
+# Our passes after TVM's own lowering (the name changes the cache key: they change the code).
+PIPELINE = "dsl.s_tir+gather_to_shuffles"
+
+
+def _register_pipeline() -> str:
+    """TVM's CPU pipeline, then :func:`dsl.runtime.transpose_pass.transpose_pass`,
+    registered (once) under :data:`PIPELINE`."""
+    import tvm
+    from tvm.tirx import compilation_pipeline as pipelines
+
+    from dsl.runtime.transpose_pass import transpose_pass
+
+    if PIPELINE not in pipelines.PIPELINE_MAP:
+        def factory():
+            base, host, device = pipelines.get_tir_pipeline("s_tir")
+            return tvm.transform.Sequential([base, transpose_pass()]), host, device
+
+        pipelines.register_tir_pipeline(PIPELINE, factory)
+    return PIPELINE
+
+
+def pipeline_key() -> dict:
+    """:data:`PIPELINE` and a hash of our passes' source: a cache key part (an edit to a pass
+    changes the code of kernels whose TIR did not change)."""
+    from dsl.runtime import transpose_pass
+
+    return {"name": PIPELINE, "passes": sha256_file(Path(transpose_pass.__file__))}
+
+
 def compile_module(mod, target):
-    """``tvm.compile`` with :data:`COMPILE_CONFIG` added to the current pass context (every
-    kernel, tuned candidates included, is compiled so)."""
+    """``tvm.compile`` with :data:`COMPILE_CONFIG` added to the current pass context and our
+    passes after TVM's lowering (:data:`PIPELINE`); every kernel, tuned candidates included,
+    is compiled so."""
     import tvm
 
     cur = tvm.transform.PassContext.current()
@@ -193,14 +223,14 @@ def compile_module(mod, target):
     with tvm.transform.PassContext(opt_level=cur.opt_level, required_pass=cur.required_pass,
                                    disabled_pass=cur.disabled_pass,
                                    instruments=cur.instruments, config=config):
-        return tvm.compile(mod, target=target)
+        return tvm.compile(mod, target=target, tir_pipeline=_register_pipeline())
 
 
 def cache_key(mod, sch: Schedule) -> str:
     # show_meta: strings the script prints as metadata references (such as the LLVM IR that
     # a ``pragma_import_llvm`` loop links in) change the code too
     text = json.dumps({"tir": mod.script(show_meta=True), "target": sch.target.as_json(),
-                       "compile": COMPILE_CONFIG,
+                       "compile": COMPILE_CONFIG, "pipeline": pipeline_key(),
                        "versions": versions()}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
