@@ -71,6 +71,9 @@ def vectorize_tail(sch, loops: list, target, dtype: str):
     inner = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     n = extent(sch, inner)
     v = vector_width(target, dtype, n)
+    lanes = target.lanes(dtype)
+    if v > lanes and n % v and n % lanes == 0:
+        v = lanes  # whole vectors, no guarded tail (a row of 112: 7 vectors, not 3.5 pairs)
     if v <= 1:
         return inner
     if v >= n:
