@@ -66,8 +66,9 @@ def rfactor_inner(sch, name: str, target, row_loop=None):
 
 def _contiguous_run(sch, blk) -> int:
     """How many of the innermost reduction loops of unscheduled block ``blk`` every load
-    reads as its trailing dimensions, bare and in order, each but the first whole: one
-    contiguous run of memory (a channel's ``H x W`` in NCHW), fusable into one loop."""
+    that a reduction iterator indexes reads as its trailing dimensions, bare and in order,
+    each but the first whole: one contiguous run of memory (a channel's ``H x W`` in NCHW),
+    fusable into one loop."""
     from schedules.patterns.analysis import block_facts
 
     f = block_facts(sch, blk)
@@ -79,8 +80,11 @@ def _contiguous_run(sch, blk) -> int:
         return (len(acc.indices) >= k and [str(ix) for ix in acc.indices[-k:]] == tail
                 and all(acc.shape[t - k] == f.extents[tail[t]] for t in range(1, k)))
 
+    # a load no reduction iterator indexes (``mu[c]`` in ``dy * (x - mu[c])``) is the same
+    # scalar along the whole run
+    varying = [acc for acc in f.reads if set().union(*acc.index_vars) & set(f.reduce)]
     run = 1
-    while run < len(f.reduce) and all(trailing(acc, f.reduce[-run - 1:]) for acc in f.reads):
+    while run < len(f.reduce) and all(trailing(acc, f.reduce[-run - 1:]) for acc in varying):
         run += 1
     return run
 

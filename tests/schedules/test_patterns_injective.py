@@ -154,3 +154,34 @@ def test_rows_of_whole_vectors_take_no_guarded_tail(w, dtype):
     vectors = _vector_loops(dsl.auto_schedule([z]).s_tir([x, y, z]).mod["main"])
     whole = w % lanes == 0 and w % (2 * lanes)
     assert vectors == ([lanes] if whole else [2 * lanes]), vectors
+
+
+
+@pytest.mark.parametrize(("h", "w", "per_row", "fused"), [(56, 56, False, True),
+                                                          (4, 56, False, True),
+                                                          (56, 56, True, False),
+                                                          (5, 13, False, False)], ids=str)
+def test_rows_fused_with_their_plane_into_whole_vectors(h, w, per_row, fused):
+    """A batch-norm backward's dx over NCHW (rows of 56: no whole number of vectors) with
+    per-channel scalars: the rows and their plane (56 x 56, 4 x 56) fused into one run of
+    whole vectors; a read indexed by the row alone (``r[i]``) or a plane no whole number of
+    vectors (5 x 13) keeps the rows apart. Exact to float32 rounding."""
+    import dsl
+    import targets
+
+    rng = np.random.default_rng(h * w)
+    shape = (2, 3, h, w)
+    x, dy = te.placeholder(shape, name="x"), te.placeholder(shape, name="dy")
+    g = te.placeholder((3,), name="g")
+    r = te.placeholder((h,), name="r")
+    dx = te.compute(shape, lambda b, c, i, j: g[c] * (dy[b, c, i, j] - x[b, c, i, j]) + (
+        r[i] if per_row else 0.0), name="dx")
+    xn, dyn, gn, rn = (rand(s, "float32", rng) for s in (shape, shape, (3,), (h,)))
+    (out,), _ = build_run([dx], [x, dy, g, r], [xn, dyn, gn, rn])
+    ref = gn[None, :, None, None] * (dyn.astype(np.float64) - xn) + (
+        rn[None, None, :, None] if per_row else 0.0)
+    check(out, ref, "float32", "dx")
+    func = dsl.auto_schedule([dx]).s_tir([x, dy, g, r, dx]).mod["main"]
+    assert _vector_loops(func)
+    if w % targets.current().lanes("float32"):  # rows apart, each ends in a part-vector
+        assert ("T.where" not in func.script()) == fused, func.script()

@@ -121,6 +121,29 @@ def test_channel_sums_over_an_image(shape, whole):
     assert ("rfactor-vectorised" in note) == whole, note
 
 
+
+@pytest.mark.parametrize(("shape", "whole"), [((3, 5, 8, 56), True), ((2, 4, 6, 9), False)],
+                         ids=str)
+def test_channel_sums_with_a_per_channel_scalar(shape, whole):
+    """A batch-norm backward's ``sum_{b, i, j} dy * (x - mu[c])``: the per-channel ``mu``,
+    which no reduction iterator indexes, does not stop the image's rows from fusing into one
+    vectorised run (it did: the sum stayed serial, a third of the whole backward). Against
+    numpy float64."""
+    n, c, h, w = shape
+    rng = np.random.default_rng(29)
+    x, dy = te.placeholder(shape, name="x"), te.placeholder(shape, name="dy")
+    mu = te.placeholder((c,), name="mu")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (h, "i"), (w, "j")))
+    y = te.compute((c,), lambda ci: te.sum(dy[b, ci, i, j] * (x[b, ci, i, j] - mu[ci]),
+                                           axis=[b, i, j]), name="s2")
+    xn, dyn, mun = (rand(s, "float32", rng) for s in (shape, shape, (c,)))
+    (out,), why = build_run([y], [x, dy, mu], [xn, dyn, mun])
+    ref = (dyn.astype(np.float64) * (xn - mun[None, :, None, None].astype(np.float64))).sum(
+        axis=(0, 2, 3))
+    check(out, ref, "float32")
+    note = {s: w for s, _, w in why.stages}["s2"]
+    assert ("rfactor-vectorised" in note) == whole, note
+
 @pytest.mark.parametrize("group", [False, True], ids=["alone", "row_group"])
 def test_partials_folded_to_one_vector(group):
     """A row of 1024 summed in several vectors of partials: the partials are added vector by
