@@ -374,6 +374,11 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
     nv = max(1, min(n // lanes, (vector_registers(target) - 4) // n_taps))
     while nv > 1 and (n % (nv * lanes) or n // (nv * lanes) < target.cores):
         nv -= 1
+    tasks = n // (nv * lanes) * product(f.extents[v] for v in f.spatial
+                                        if v not in taps and v != along)
+    split = _partial_sums(sch, name, f, tasks, target)
+    if split is not None:
+        f, blk = split[:2]
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
     co, cv, cl = sch.split(by[along], [None, nv, lanes])
     rows = [by[v] for v in f.spatial if v not in taps and v != along]
@@ -390,10 +395,60 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
     sch.vectorize(sch.get_loops(wb)[-1])
     inside = [m for r in f.reads
               for m in producers_inside(sch, blk, r.buffer, red[0], target)]
+    if split is not None:
+        _sum_partials(sch, name, target)
     return Detail(f"{nv} x {lanes}-lane vectors of {along} for each of the {n_taps} taps "
                   f"{taps} in registers across the reduction, blocks of {along} across cores"
+                  + (f", {split[2]} partial sums over {split[3]} (blocks too few for the "
+                     f"cores), added after" if split is not None else "")
                   + (f", {', '.join(inside)} computed per {f.reduce[0]}" if inside else ""),
                   also=inside)
+
+
+def _partial_sums(sch, name: str, f, tasks: int, target):
+    """Where ``tasks`` blocks of output are fewer than the cores (an NHWC depthwise weight
+    gradient's 64 channels are 4 blocks, for 16 cores), the first reduction axis that
+    divides into enough parts (the batch, else the rows) split into partial sums by
+    ``rfactor``, each part a task of its own. Returns ``(facts of the partial-sum block,
+    that block, parts, the axis split)`` with its loops in the facts' order, or None
+    (nothing changed)."""
+    from schedules.patterns.analysis import block_facts
+
+    if tasks >= target.cores or target.cores < 2:
+        return None
+    want = -(-target.cores // tasks)
+    found = [(k, p) for k, axis in enumerate(f.reduce[:2])
+             for p in range(want, f.extents[axis] + 1) if f.extents[axis] % p == 0]
+    if not found:
+        return None
+    k, parts = found[0]
+    axis = f.reduce[k]
+    blk = sch.get_sblock(name)
+    loops = sch.get_loops(blk)
+    po, _ = sch.split(loops[len(f.spatial) + k], [parts, None])
+    rf = sch.rfactor(po, 0)
+    g = block_facts(sch, rf)
+    # the rf block's loops are [spatial.., reduction before the axis.., parts, rest of the
+    # axis, reduction after it..]: the parts first, as the facts list them (spatial, then
+    # reduction iterators)
+    lps = sch.get_loops(rf)
+    n_sp = len(f.spatial)
+    sch.reorder(lps[n_sp + k], *lps[:n_sp], *lps[n_sp:n_sp + k], *lps[n_sp + k + 1:])
+    return g, rf, parts, axis
+
+
+def _sum_partials(sch, name: str, target) -> None:
+    """The sum of :func:`_partial_sums`' parts: vectors along the innermost axis, the
+    parts added in registers."""
+    blk = sch.get_sblock(name)
+    *spatial, parts = sch.get_loops(blk)
+    lanes = target.lanes(str(sch.get(blk).body.buffer.dtype))
+    inner = spatial[-1]
+    if extent(sch, inner) % lanes == 0 and extent(sch, inner) > lanes:
+        io, il = sch.split(inner, [None, lanes])
+        sch.reorder(io, parts, il)
+        sch.vectorize(il)
+        sch.decompose_reduction(blk, parts)
 
 
 def _rows_across_cores(sch, rows: list, f, target):

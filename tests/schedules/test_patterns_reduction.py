@@ -276,6 +276,36 @@ def test_tap_sums_channels_last(n, c, size, pads):
     assert {s: r for s, r, _ in why.stages}["dw"] == "patterns.tap_sums", why.stages
 
 
+
+@pytest.mark.parametrize(("n", "size", "cores", "over"), [
+    (8, (7, 9), 16, "v_b"),     # 2 blocks of 16 channels, 8 partial sums over the batch
+    (1, (24, 24), 16, "v_i"),   # one image: over its rows
+    (3, (20, 12), 8, "v_i"),    # a batch of 3 has no 4 parts: the rows
+    (8, (7, 9), 2, None),       # 2 blocks for 2 cores: no partial sums
+], ids=str)
+def test_tap_sums_channels_last_partial_sums_for_many_cores(n, size, cores, over):
+    """An NHWC depthwise weight gradient with fewer channel blocks than cores (32 channels,
+    16 cores) splits its batch, or an image's rows, into partial sums, each a task, added
+    after; where the blocks are enough, none. The schedule for 16 cores runs on this machine
+    too. Against numpy float64."""
+    import targets
+
+    rng = np.random.default_rng(47)
+    pads = ((1, 1), (1, 1))
+    x, dy, dw = _tap_sums_graph(n, 32, size, 3, pads, "float32", nhwc=True)
+    xn = rand([int(v) for v in x.shape], "float32", rng)
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    tgt = targets.current().with_cores(cores)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn], target=tgt)
+    ref = _ref_tap_sums(xn.transpose(0, 3, 1, 2), dyn.transpose(0, 3, 1, 2), 3,
+                        pads)[:, 0].transpose(1, 2, 0)
+    check(out, ref, "float32")
+    rule, note = next((r, w) for st, r, w in why.stages if st == "dw")
+    assert rule == "patterns.tap_sums", why.stages
+    assert ("partial sums" in note) == (over is not None), note
+    if over is not None and tgt.lanes("float32") == 16:  # the blocks counted for 16 lanes
+        assert f"partial sums over {over}" in note, note
+
 def test_tap_sums_refused():
     """Rows of 7 (no whole half vector) and NHWC channels that are no whole vector (12)
     keep the other rules; a depthwise forward (its taps are the reduction) is no tap sum.
