@@ -395,6 +395,46 @@ def _channel_sums(d) -> Case:
                 lambda: (dyv.astype(np.float64) * xv).sum(axis=(0, 2, 3)))
 
 
+def _batch_norm_dx(d) -> Case:
+    """A batch-norm backward's input gradient over NCHW as users write it (training mode, the
+    saved mean and inverse deviation as inputs): two per-channel sums, then ``dx = g * r *
+    (dy - s1 / M - (x - mu) * r**2 * s2 / M)`` with ``M = n * h * w``."""
+    from tvm import te
+
+    n, c, hw = d["n"], d["c"], d["hw"]
+    shape, m = (n, c, hw, hw), float(n * hw * hw)
+    x, dy = te.placeholder(shape, name="x"), te.placeholder(shape, name="dy")
+    g, mu, rs = (te.placeholder((c,), name=nm) for nm in ("gamma", "mean", "rstd"))
+    axes = [[te.reduce_axis((0, e), name=f"{nm}{k}") for e, nm in ((n, "b"), (hw, "i"),
+                                                                    (hw, "j"))]
+            for k in (1, 2)]
+    (b1, i1, j1), (b2, i2, j2) = axes
+    s1 = te.compute((c,), lambda ci: te.sum(dy[b1, ci, i1, j1], axis=axes[0]), name="s1")
+    s2 = te.compute((c,), lambda ci: te.sum(
+        dy[b2, ci, i2, j2] * (x[b2, ci, i2, j2] - mu[ci]), axis=axes[1]), name="s2")
+    dx = te.compute(shape, lambda b, ci, i, j: g[ci] * rs[ci] * (
+        dy[b, ci, i, j] - s1[ci] / m - (x[b, ci, i, j] - mu[ci]) * rs[ci] * rs[ci] * s2[ci] / m),
+        name="dx")
+    xv, dyv, gv = _data(shape, 25), _data(shape, 26), _data((c,), 27)
+    muv = xv.mean(axis=(0, 2, 3)).astype(np.float32)
+    rsv = (1.0 / np.sqrt(xv.var(axis=(0, 2, 3)) + 1e-5)).astype(np.float32)
+
+    def numpy_fn():
+        x64, dy64 = xv.astype(np.float64), dyv.astype(np.float64)
+        mu64, r64 = muv[None, :, None, None].astype(np.float64), rsv[None, :, None, None]
+        xhat = (x64 - mu64) * r64
+        return gv[None, :, None, None] * r64 * (dy64 - dy64.mean(axis=(0, 2, 3), keepdims=True)
+                                               - xhat * (dy64 * xhat).mean(axis=(0, 2, 3),
+                                                                           keepdims=True))
+
+    def torch_fn(torch):
+        tx, tdy, tg, tmu, trs = (torch.from_numpy(a) for a in (xv, dyv, gv, muv, rsv))
+        return lambda: torch.ops.aten.native_batch_norm_backward(
+            tdy, tx, tg, None, None, tmu, trs, True, 1e-5, [True, False, False])[0]
+
+    return Case([x, dy, g, mu, rs], [dx], [xv, dyv, gv, muv, rsv], torch_fn, numpy_fn)
+
+
 def _max_pool_dx(d) -> Case:
     """A max pool's input gradient as users write it: each input position gathers, over
     the windows that hold it, ``dy`` where it equals the window's maximum ``y`` (split
@@ -683,6 +723,10 @@ def specs() -> list[Spec]:
              {"full": {"n": 8, "c": 64, "hw": 56}, "tiny": {"n": 2, "c": 3, "hw": 8}},
              _channel_sums, lambda d: 2.0 * d["n"] * d["c"] * d["hw"] ** 2,
              lambda d: 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
+        Spec("batch_norm_dx_8x64x56x56", "norm_dx",
+             {"full": {"n": 8, "c": 64, "hw": 56}, "tiny": {"n": 2, "c": 3, "hw": 7}},
+             _batch_norm_dx, lambda d: 0.0,
+             lambda d: 3.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
         Spec("max_pool_dx_3x3_s2_112x112x64", "pool_dx",
              {"full": {"n": 1, "c": 64, "hw": 112, "ks": 3, "pad": 1, "stride": 2},
               "tiny": {"n": 2, "c": 3, "hw": 9, "ks": 3, "pad": 1, "stride": 2}}, _max_pool_dx,
