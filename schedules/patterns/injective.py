@@ -85,9 +85,11 @@ def _rows_fuse_into_vectors(sch, blk, loops, lanes: int) -> bool:
     if n_row % lanes == 0 or (n_row * n_outer) % lanes:
         return False
     f = block_facts(sch, blk)
-    if len(f.spatial) != len(loops):
-        return False
     pair = f.spatial[-2:]
+    # the stage stores the pair as its own trailing dimensions (not a transposing layout)
+    if len(f.spatial) != len(loops) or [sorted(vs) for vs in f.write_vars[-2:]] != \
+            [[v] for v in pair]:
+        return False
     for acc in f.reads:
         used = set().union(*acc.index_vars) & set(pair) if acc.index_vars else set()
         if used and ([str(ix) for ix in acc.indices[-2:]] != pair
