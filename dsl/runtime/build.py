@@ -184,11 +184,12 @@ COMPILE_CONFIG = {"tirx.UnrollLoop": {"auto_max_depth": 0}}
 
 
 # Our passes after TVM's own lowering (the name changes the cache key: they change the code).
-PIPELINE = "dsl.s_tir+gather_to_shuffles"
+PIPELINE = "dsl.default+gather_to_shuffles"
 
 
 def _register_pipeline() -> str:
-    """TVM's CPU pipeline, then :func:`dsl.runtime.transpose_pass.transpose_pass`,
+    """TVM's default pipeline (the one ``tvm.compile`` runs when none is named: its
+    ``s_tir`` pipeline in 0.27), then :func:`dsl.runtime.transpose_pass.transpose_pass`,
     registered (once) under :data:`PIPELINE`."""
     import tvm
     from tvm.tirx import compilation_pipeline as pipelines
@@ -197,7 +198,7 @@ def _register_pipeline() -> str:
 
     if PIPELINE not in pipelines.PIPELINE_MAP:
         def factory():
-            base, host, device = pipelines.get_tir_pipeline("s_tir")
+            base, host, device = pipelines.get_tir_pipeline("default")
             return tvm.transform.Sequential([base, transpose_pass()]), host, device
 
         pipelines.register_tir_pipeline(PIPELINE, factory)

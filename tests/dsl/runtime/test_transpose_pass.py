@@ -64,3 +64,23 @@ def test_statements_it_must_not_touch(case):
             "columns not consecutive": lambda: _gathers(16, 64, 8, "float32", step=2),
             "in place": lambda: _gathers(16, 64, 8, "float32", same=True)}[case]()
     assert rewrite(func).same_as(func)
+
+
+def test_pipeline_starts_from_tvms_default(monkeypatch):
+    """Our pipeline is the one ``tvm.compile`` runs when none is named (TVM's "default"),
+    then the rewrite: kernels with nothing to rewrite keep the code they had."""
+    from tvm.tirx import compilation_pipeline as pipelines
+
+    from dsl.runtime.build import _register_pipeline
+
+    name = _register_pipeline()
+    asked = []
+    real = pipelines.get_tir_pipeline
+
+    def spy(which=None, **kwargs):
+        asked.append(which)
+        return real(which, **kwargs)
+
+    monkeypatch.setattr(pipelines, "get_tir_pipeline", spy)
+    pipelines.PIPELINE_MAP[name]()
+    assert asked == ["default"]
