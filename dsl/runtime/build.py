@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -205,6 +206,7 @@ def _register_pipeline() -> str:
     return PIPELINE
 
 
+@functools.lru_cache(maxsize=1)
 def pipeline_key() -> dict:
     """:data:`PIPELINE` and a hash of our passes' source: a cache key part (an edit to a pass
     changes the code of kernels whose TIR did not change)."""

@@ -128,6 +128,19 @@ class BlockFacts:
         return self.kind in ("elementwise", "broadcast", "padding", "layout")
 
 
+def reads_trailing(acc: Access, tail: list, extents: dict) -> bool:
+    """Whether ``acc`` reads the iterators ``tail`` as its last dimensions, bare and in
+    order, each but the first whole (``extents``): one contiguous run of memory over them."""
+    k = len(tail)
+    return (len(acc.indices) >= k and [str(ix) for ix in acc.indices[-k:]] == list(tail)
+            and all(acc.shape[t - k] == extents[tail[t]] for t in range(1, k)))
+
+
+def indexed_by(acc: Access, names) -> bool:
+    """Whether any dimension of ``acc`` is indexed by one of the iterators ``names``."""
+    return bool(set().union(*acc.index_vars) & set(names)) if acc.index_vars else False
+
+
 def _access(load) -> Access:
     buf = load.source
     return Access(buf.name, tuple(int(d) for d in buf.shape), str(buf.dtype), list(load.indices),

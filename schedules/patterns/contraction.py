@@ -462,7 +462,8 @@ def _transpose_pack(sch, pack, f, op, var: str, width: int, target) -> bool:
     dims = [next(iter(vs)) for vs in op.index_vars]
     vd = dims.index(var)
     # under compute_at (:func:`_pack_per_block`) the task's loops come first
-    task, loops = sch.get_loops(pack)[:-len(dims)], sch.get_loops(pack)[-len(dims):]
+    all_loops = sch.get_loops(pack)
+    task, loops = all_loops[:-len(dims)], all_loops[-len(dims):]
     tail = dims[vd + 1:]
     if not tail or len(loops) != len(dims) or not set(tail) <= set(f.reduce):
         return False

@@ -77,7 +77,7 @@ def _rows_fuse_into_vectors(sch, blk, loops, lanes: int) -> bool:
     contiguous run, vectorised with no guarded tail at the end of each row. (Rows of 56 in
     vectors of 16 ended each row in a masked vector; a batch-norm backward's dx, 8x64x56x56,
     ran 2x slower on two cores than on one so.)"""
-    from schedules.patterns.analysis import block_facts
+    from schedules.patterns.analysis import block_facts, indexed_by, reads_trailing
 
     if len(loops) < 2:
         return False
@@ -90,12 +90,8 @@ def _rows_fuse_into_vectors(sch, blk, loops, lanes: int) -> bool:
     if len(f.spatial) != len(loops) or [sorted(vs) for vs in f.write_vars[-2:]] != \
             [[v] for v in pair]:
         return False
-    for acc in f.reads:
-        used = set().union(*acc.index_vars) & set(pair) if acc.index_vars else set()
-        if used and ([str(ix) for ix in acc.indices[-2:]] != pair
-                     or int(acc.shape[-1]) != n_row):
-            return False
-    return True
+    return all(reads_trailing(acc, pair, f.extents) for acc in f.reads
+               if indexed_by(acc, pair))
 
 
 def padded_rows(sch, blk, target) -> bool:

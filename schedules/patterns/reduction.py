@@ -69,22 +69,18 @@ def _contiguous_run(sch, blk) -> int:
     that a reduction iterator indexes reads as its trailing dimensions, bare and in order,
     each but the first whole: one contiguous run of memory (a channel's ``H x W`` in NCHW),
     fusable into one loop."""
-    from schedules.patterns.analysis import block_facts
+    from schedules.patterns.analysis import block_facts, indexed_by, reads_trailing
 
     f = block_facts(sch, blk)
     loops = sch.get_loops(blk)
     if len(loops) != len(f.spatial) + len(f.reduce) or not f.reads:
         return 1
-    def trailing(acc, tail) -> bool:  # the load's last dims are ``tail``, all but one whole
-        k = len(tail)
-        return (len(acc.indices) >= k and [str(ix) for ix in acc.indices[-k:]] == tail
-                and all(acc.shape[t - k] == f.extents[tail[t]] for t in range(1, k)))
-
     # a load no reduction iterator indexes (``mu[c]`` in ``dy * (x - mu[c])``) is the same
     # scalar along the whole run
-    varying = [acc for acc in f.reads if set().union(*acc.index_vars) & set(f.reduce)]
+    varying = [acc for acc in f.reads if indexed_by(acc, f.reduce)]
     run = 1
-    while run < len(f.reduce) and all(trailing(acc, f.reduce[-run - 1:]) for acc in varying):
+    while run < len(f.reduce) and all(reads_trailing(acc, f.reduce[-run - 1:], f.extents)
+                                      for acc in varying):
         run += 1
     return run
 
