@@ -1,5 +1,5 @@
 """``python -m dsl COMMAND`` (or ``dsl COMMAND``, the console script): examples (the main job),
-bench, tune, show, clean, peak, export.
+bench, tune, show, clean, peak, export, scaling.
 
 Each command lives in its own module with a ``main(argv) -> int``; this file only dispatches.
 A command is one entry of :data:`COMMANDS` (a plain dict: add a line to add a command).
@@ -19,6 +19,7 @@ COMMANDS = {
     "clean": ("dsl.cli.clean", "empty the kernel cache (tuning database, kernel_meta/ on request)"),
     "peak": ("dsl.cli.peak", "measure and cache this machine's fp32/bf16/int8 roof"),
     "export": ("dsl.cli.export", "cross-compile benchmark kernels to time on another machine"),
+    "scaling": ("dsl.cli.scaling", "how busy benchmark kernels keep 8-128 cores (static model)"),
 }
 
 

@@ -88,6 +88,8 @@ def _setup(layer: Layer, dtype: str) -> Prepared:
             t0 = time.perf_counter()
             call(dy, x, dw, param, mask)
             seconds = time.perf_counter() - t0
+            if tgt.cores > cores:  # a target of more cores than this machine's (``python
+                api.kernel_for(geo, dtype, tgt.cores)  # -m dsl scaling``): built, not run
         finally:
             if old is None:
                 os.environ.pop("DSL_CACHE_DIR", None)
