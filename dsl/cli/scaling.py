@@ -92,7 +92,7 @@ def _limit_text(pred) -> str:
 def _row(workload, counts, min_share, steps) -> dict:
     from dsl.cli.common import workload_id
 
-    shares, limit = {}, ""
+    shares, launches, limit = {}, {}, ""
     for n in counts:
         preds = predict_workload(workload, n)
         steps.update(1, f"{workload_id(workload)} @{n}")
@@ -100,9 +100,11 @@ def _row(workload, counts, min_share, steps) -> dict:
             continue
         worst = min(preds, key=lambda p: p.share)
         shares[n] = worst.share
+        launches[n] = sum(p.launches for p in preds)
         if worst.share < min_share:
             limit = f"@{n}: {_limit_text(worst)}"
-    return {"workload": workload_id(workload), "shares": shares, "limited_by": limit}
+    return {"workload": workload_id(workload), "shares": shares, "launches": launches,
+            "limited_by": limit}
 
 
 def main(argv=None) -> int:
@@ -123,11 +125,15 @@ def main(argv=None) -> int:
         for w in workloads:
             rows.append(_row(w, counts, args.min, steps))
     if not output.json_to_stdout(args.json):
-        header = ("workload", *(f"{n} cores" for n in counts), f"below {args.min:g}")
+        header = ("workload", *(f"{n} cores" for n in counts), "launches",
+                  f"below {args.min:g}")
         table = [(r["workload"], *(f"{r['shares'][n]:.2f}" if n in r["shares"] else "-"
-                                   for n in counts), r["limited_by"]) for r in rows]
+                                   for n in counts),
+                  "/".join(str(r["launches"][n]) for n in counts if n in r["launches"]),
+                  r["limited_by"]) for r in rows]
         print(output.format_table(header, table))
         print("# share of N cores x the kernel's time its stages fill (static model: "
-              "dsl/runtime/scaling.py); the worst kernel of each row")
+              "dsl/runtime/scaling.py), the worst kernel of each row; launches: parallel "
+              "regions one call of the row's kernels starts, at each core count")
     output.write_json({"cores": counts, "rows": rows}, args.json)
     return 0

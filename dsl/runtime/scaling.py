@@ -15,10 +15,14 @@ on 2 cores and most of the machine on 64. :func:`predict` reads a lowered kernel
   every stage splits evenly over the cores, ``1 / cores`` for a serial kernel.
 
 What it leaves out, on purpose: memory bandwidth and caches (shared by the cores; the
-benchmark measures those), the cost of starting a parallel region, and unequal tasks (a
-ragged tile; a loop of data-dependent extent counts at its bound). So a share near 1.0
-says the split cannot be what limits a kernel on that many cores; a low one names the stage
-that will (``python -m dsl scaling``).
+benchmark measures those), unequal tasks (a ragged tile; a loop of data-dependent extent
+counts at its bound) and the cost of starting a parallel region, which it counts apart
+(``launches``) because it is the machine's, not the schedule's: about 3 us on the 2-core
+development VM (a vectorised copy of 2^16 fp32 after a parallel stage: 9.2 us serial, 14.8
+us across both cores), so a small serial stage after a parallel one is usually right, even
+where the share says it idles the other cores. A share near 1.0 says the split cannot be
+what limits a kernel on that many cores; a low one names the stage that will (``python -m
+dsl scaling``).
 """
 
 from __future__ import annotations
@@ -33,13 +37,18 @@ class StageLoad:
 
     ``work``: leaf stores it runs; ``tasks``: the extent of its first parallel loop (0 when
     it has none, or the largest where branches differ); ``time``: its time on the cores of
-    the prediction, in units of one store on one core.
+    the prediction, in units of one store on one core; ``launches``: how many times a call
+    starts a parallel region in it (once per iteration of the serial loops around one).
+    ``conditional``: it runs only when a value the kernel reads says so (an exact twin,
+    :mod:`dsl.runtime.run_if`, run for non-finite weights), so a call usually skips it.
     """
 
     name: str
     work: int
     tasks: int
     time: float
+    launches: int = 0
+    conditional: bool = False
 
 
 @dataclass(frozen=True)
@@ -50,18 +59,29 @@ class Prediction:
     stages: tuple[StageLoad, ...]
 
     @property
+    def running(self) -> tuple[StageLoad, ...]:
+        """The stages a usual call runs (not the :attr:`StageLoad.conditional` ones); the
+        properties below are theirs."""
+        return tuple(s for s in self.stages if not s.conditional)
+
+    @property
     def work(self) -> int:
-        return sum(s.work for s in self.stages)
+        return sum(s.work for s in self.running)
+
+    @property
+    def launches(self) -> int:
+        """Parallel regions one call starts (each costs a wake-up and a join of the pool)."""
+        return sum(s.launches for s in self.running)
 
     @property
     def share(self) -> float:
         """The share of ``cores`` x the kernel's time its stages fill (1.0: all busy)."""
-        time = sum(s.time for s in self.stages)
+        time = sum(s.time for s in self.running)
         return self.work / (self.cores * time) if time else 1.0
 
     def limiting(self) -> StageLoad | None:
         """The stage that loses the most core time (its time x cores - its work)."""
-        lost = [(s.time * self.cores - s.work, s) for s in self.stages if s.work]
+        lost = [(s.time * self.cores - s.work, s) for s in self.running if s.work]
         return max(lost, key=lambda t: t[0])[1] if lost else None
 
 
@@ -81,15 +101,16 @@ def predict(mod, cores: int) -> Prediction:
 
 
 def _top_level(stmt) -> list:
-    """The statements of a kernel's body below its root block: its stages, in order."""
+    """The statements of a kernel's body below its root block: its stages, in order (the
+    body itself where it is one loop nest)."""
     from tvm import tirx
 
-    while not isinstance(stmt, tirx.SeqStmt):
+    while not isinstance(stmt, (tirx.SeqStmt, tirx.For)):
         inner = _children(stmt)
         if len(inner) != 1:
             return [stmt]
         stmt = inner[0]
-    return list(stmt.seq)
+    return list(stmt.seq) if isinstance(stmt, tirx.SeqStmt) else [stmt]
 
 
 def _children(stmt) -> list:
@@ -122,13 +143,14 @@ def _stage(stmt, cores: int) -> StageLoad:
     (a reduction's update, not its init)."""
     from tvm import tirx
 
-    work, time, tasks_seen = {}, [0.0], [0]
+    work, time, tasks_seen, launches = {}, [0.0], [0], [0]
 
     def walk(node, trips: int, tasks: int, block: str) -> None:
         if isinstance(node, tirx.For):
             n = _extent(node.extent)
             if not tasks and node.kind == tirx.ForKind.PARALLEL:
                 tasks_seen[0] = max(tasks_seen[0], n)
+                launches[0] += trips
                 tasks = n
             walk(node.body, trips * n, tasks, block)
             return
@@ -143,4 +165,18 @@ def _stage(stmt, cores: int) -> StageLoad:
 
     walk(stmt, 1, 0, "?")
     name = max(work, key=work.get) if work else "?"
-    return StageLoad(name, sum(work.values()), tasks_seen[0], time[0])
+    return StageLoad(name, sum(work.values()), tasks_seen[0], time[0], launches[0],
+                     _data_guarded(stmt))
+
+
+def _data_guarded(stmt) -> bool:
+    """Whether ``stmt`` is an ``if`` without ``else`` whose condition reads a buffer."""
+    import tvm_ffi
+    from tvm import tirx
+    from tvm.ir.expr import TensorLoad
+
+    if not isinstance(stmt, tirx.IfThenElse) or stmt.else_case is not None:
+        return False
+    loads = []
+    tvm_ffi.structural_walk(stmt.condition, (TensorLoad, loads.append), order="post")
+    return bool(loads)
