@@ -1,0 +1,42 @@
+"""The dense conv2d benchmark layers, built for servers of 16 and 64 cores, keep them busy by
+the static model of :mod:`dsl.runtime.scaling` (each stage's tasks share out over the cores;
+nothing big left serial): what ``python -m dsl scaling`` reports, held as a regression check
+because no machine of that size runs the tests."""
+
+import pytest
+from tvm import te
+
+import dsl
+import targets
+from dsl.cli.bench.conv2d import LAYERS
+from dsl.ops.group import GroupLayout
+from dsl.runtime.scaling import predict
+
+DENSE = [layer for layer in LAYERS if layer.groups == 1]
+
+
+def _lowered(layer, kind: str, cores: int):
+    c1 = lambda c: -(-c // 16)  # noqa: E731
+    dy = te.placeholder((layer.n, c1(layer.cout), layer.out, layer.out, 16),
+                        name="out_backprop", dtype="float32")
+    if kind == "dx":
+        first = te.placeholder(GroupLayout.from_weight(layer.w_shape(), 1).fracz_shape,
+                               name="filters", dtype="float32")
+        out = dsl.conv2d_backprop_input(first, dy, layer.w_shape(),
+                                        (layer.n, layer.cin, layer.hw, layer.hw),
+                                        layer.para(res_dtype="float32"))
+    else:
+        first = te.placeholder((layer.n, c1(layer.cin), layer.hw, layer.hw, 16), name="fmap",
+                               dtype="float32")
+        out = dsl.conv2d_backprop_filter(first, dy, layer.w_shape(), layer.para())
+    sch = dsl.auto_schedule(out, target=targets.current().with_cores(cores))
+    return dsl.build(sch, {"name": f"{kind}_{layer.name}", "tensor_list": [first, dy, out],
+                           "need_build": False})
+
+
+@pytest.mark.parametrize("cores, least", [(16, 0.95), (64, 0.85)])
+@pytest.mark.parametrize("kind", ["dx", "dw"])
+@pytest.mark.parametrize("layer", DENSE, ids=lambda layer: layer.name)
+def test_dense_layers_keep_the_cores_busy(layer, kind, cores, least):
+    pred = predict(_lowered(layer, kind, cores), cores)
+    assert pred.share >= least, (pred.share, pred.limiting())
