@@ -243,19 +243,44 @@ def rfactor_detail(vectorised: bool) -> str:
             "the innermost reduction loop serial (too short, or not a multiple of a vector)")
 
 
-def schedule_outer_reduction(sch, name: str, facts: dict, target) -> None:
+def schedule_outer_reduction(sch, name: str, facts: dict, target) -> str | None:
     """A reduction over outer axes: a vector tile of the contiguous output axis accumulated
-    in registers across the whole reduction, the other output axes across cores."""
+    in registers across the whole reduction, the other output axes across cores. Where
+    those tiles are fewer tasks than the cores (a bias gradient's 64 channels are 2 tiles,
+    for 16 cores), the outer reduction axes split into partial sums first
+    (:func:`_partial_sums`), each part a task, added after (:func:`_sum_partials`)."""
     f = facts[name]
-    blk = sch.get_sblock(name)
+    if not f.spatial:
+        raise ValueError("no spatial axis to vectorise")
+    tile = _outer_tile(target, f)
+    tasks = product(f.extents[v] for v in f.spatial[:-1]) * -(-f.extents[f.spatial[-1]] // tile)
+    split = _partial_sums(sch, name, f, tasks, target)
+    if split is None:
+        _outer_tile_nest(sch, sch.get_sblock(name), f, target)
+        return None
+    g, rf, parts, axis = split
+    _outer_tile_nest(sch, rf, g, target)
+    _sum_partials(sch, name, target)
+    return (f"{tile}-lane tiles of {f.spatial[-1]} in registers across the reduction, "
+            f"{parts} partial sums over {axis} (tiles too few for the cores), added after")
+
+
+def _outer_tile(target, f) -> int:
+    """Lanes of the register tile along the output's contiguous axis: two vectors where the
+    axis holds four, else one."""
+    n = f.extents[f.spatial[-1]]
+    v = vector_width(target, f.out_dtype, n)
+    return min(n, v * 2) if n >= 4 * v else v
+
+
+def _outer_tile_nest(sch, blk, f, target) -> None:
+    """:func:`schedule_outer_reduction`'s loop nest for block ``blk`` (facts ``f``, its loops
+    in the facts' order)."""
     loops = sch.get_loops(blk)
     n_sp = len(f.spatial)
     sp, red = loops[:n_sp], loops[n_sp:]
-    if n_sp == 0:
-        raise ValueError("no spatial axis to vectorise")
-    n = extent(sch, sp[-1])
-    v = vector_width(target, f.out_dtype, n)
-    tile = min(n, v * 2) if n >= 4 * v else v
+    v = vector_width(target, f.out_dtype, f.extents[f.spatial[-1]])
+    tile = _outer_tile(target, f)
     jo, ji = sch.split(sp[-1], [None, tile])
     sch.reorder(*sp[:-1], jo, *red, ji)
     outer = [*sp[:-1], jo]

@@ -306,6 +306,36 @@ def test_tap_sums_channels_last_partial_sums_for_many_cores(n, size, cores, over
     if over is not None and tgt.lanes("float32") == 16:  # the blocks counted for 16 lanes
         assert f"partial sums over {over}" in note, note
 
+@pytest.mark.parametrize(("shape", "dtype", "cores", "over"), [
+    ((8, 7, 9, 32), "float32", 16, "v_k0"),  # a bias gradient: 2 tiles, 8 parts of the batch
+    ((1, 24, 11, 32), "float32", 16, "v_k1"),  # one image: its rows
+    ((3, 20, 5, 48), "float16", 16, "v_k1"),  # 48 channels, 3 tiles; a batch of 3: the rows
+    ((96, 64), "float32", 16, "v_k0"),       # a layer norm's dgamma-like column sum
+    ((8, 7, 9, 32), "float32", 2, None),     # 2 tiles for 2 cores: no partial sums
+], ids=str)
+def test_outer_reduction_partial_sums_for_many_cores(shape, dtype, cores, over):
+    """A sum over every axis but the last (a bias gradient over NHWC, a column sum) with
+    fewer vector tiles of the last axis than cores splits its first reduction axis (else the
+    next) into partial sums, each a task, added after; with tiles enough, none. Built for
+    16 cores, it runs here too. Against numpy float64."""
+    import targets
+
+    rng = np.random.default_rng(53)
+    dy = te.placeholder(shape, name="dy", dtype=dtype)
+    red = [te.reduce_axis((0, e), name=f"k{i}") for i, e in enumerate(shape[:-1])]
+    db = te.compute((shape[-1],), lambda c: te.sum(
+        dy[(*red, c)].astype("float32"), axis=red), name="db")
+    dyn = rand(shape, dtype, rng)
+    tgt = targets.current().with_cores(cores)
+    (out,), why = build_run([db], [dy], [dyn], target=tgt)
+    check(out, dyn.astype(np.float64).sum(axis=tuple(range(len(shape) - 1))), "float32")
+    rule, note = next((r, w) for st, r, w in why.stages if st == "db")
+    assert rule == "patterns.outer_reduction", why.stages
+    assert ("partial sums" in note) == (over is not None), note
+    if over is not None and tgt.lanes("float32") == 16:
+        assert f"partial sums over {over}" in note, note
+
+
 def test_tap_sums_refused():
     """Rows of 7 (no whole half vector) and NHWC channels that are no whole vector (12)
     keep the other rules; a depthwise forward (its taps are the reduction) is no tap sum.
