@@ -160,6 +160,28 @@ def _m_blocks(m_tiles: int, limit: int) -> int:
     return max(ok) if ok else min(waste, key=lambda b: (waste[b], -b))
 
 
+def _blocks_for_cores(f, m: str, v: str, mr: int, nv_lanes: int, m1: int, cores: int) -> int:
+    """Micro-tiles per L2 block (``m1`` the cache's choice), fewer where the tasks of
+    :func:`_micro_kernel` (the other output axes x the m blocks, x the v blocks where those
+    are few) would leave cores idle: the first of ``m1`` and the smaller block sizes whose
+    tasks share out over ``cores`` (:func:`schedules.toolbox.sharing_choice`). A user's NHWC
+    conv2d weight gradient, 64 x 64 channels and 3 x 3 taps, was 18 tasks of 8 tiles: on 16
+    cores two rounds, the second for 2 of them (static model, dsl/runtime/scaling.py: 0.56
+    of the cores busy, 1.0 with blocks of one tile)."""
+    from schedules.toolbox import sharing_choice
+
+    m_tiles = -(-f.extents[m] // mr)
+    others = product(f.extents[x] for x in f.spatial if x not in (m, v))
+    v_blocks = -(-f.extents[v] // nv_lanes)
+
+    def tasks(b):
+        n = others * -(-m_tiles // b)
+        return n * v_blocks if n < 4 * cores else n
+
+    sizes = list(dict.fromkeys(_m_blocks(m_tiles, lim) for lim in range(m1, 0, -1)))
+    return sharing_choice(sizes, tasks, cores)[0]
+
+
 def _pad_tiles(sch, name: str, f, pads: dict):
     """Pad the block's iteration domain to whole tiles (``pad_einsum``: zero-padded input
     copies, a cropping copy of the output), so no guard sits inside the reduction loop.
@@ -238,7 +260,8 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     k_elems = product(f.extents[x] for x in f.reduce)
     limit = min(M_BLOCK_TILES,
                 (target.l2_kib << 10) // PANEL_BYTES_FRACTION // (4 * k_elems * mr))
-    m1 = _m_blocks(-(-f.extents[m] // mr), limit)
+    m1 = _blocks_for_cores(f, m, v, mr, nv_lanes, _m_blocks(-(-f.extents[m] // mr), limit),
+                           target.cores)
     f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: nv_lanes} if einsum else {})
     s_op, v_op, m, v, transposed = roles(f)
     m_ext = f.extents[m]
