@@ -469,3 +469,39 @@ def test_a_tall_l2_block_matches_numpy():
     (out,), why = build_run([c], [a, b], [an, bn])
     assert "33 tiles per L2 block" in str(why), str(why)
     check(out, an.astype(np.float64) @ bn.astype(np.float64), "float32", "tall block")
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_l2_blocks_shrink_until_the_tasks_share_out(cores):
+    """A user's NHWC conv2d weight gradient (``dw[o, ry, rx, c] = sum dy[b, i, j, o] *
+    xpad[b, i + ry, j + rx, c]``, 64 x 64 channels, 3 x 3 taps): the cache's blocks of 8
+    tiles are 18 tasks; on 16 cores the blocks shrink until the tasks keep the cores busy
+    (static model), on 2 they stay. Against numpy float64 either way."""
+    import dsl
+    from dsl.runtime.scaling import predict
+
+    n, h, w, c, k = 1, 9, 8, 64, 64
+    x = te.placeholder((n, h, w, c), name="x")
+    dy = te.placeholder((n, h, w, k), name="dy")
+    xp = te.compute((n, h + 2, w + 2, c), lambda b, i, j, ci: te.if_then_else(
+        te.all(i >= 1, i <= h, j >= 1, j <= w), x[b, i - 1, j - 1, ci], 0.0), name="pad")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (h, "i"), (w, "j")))
+    dw = te.compute((k, 3, 3, c), lambda o, ry, rx, ci: te.sum(
+        dy[b, i, j, o] * xp[b, i + ry, j + rx, ci], axis=[b, i, j]), name="dw")
+    rng = np.random.default_rng(13)
+    xn, dyn = rand((n, h, w, c), "float32", rng), rand((n, h, w, k), "float32", rng)
+    tgt = targets.current().with_cores(cores)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn], target=tgt)
+    xpn = np.pad(xn.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref = np.stack([np.stack([np.einsum("bijo,bijc->oc", dyn.astype(np.float64),
+                                        xpn[:, ry:ry + h, rx:rx + w]) for rx in range(3)], 1)
+                    for ry in range(3)], 1)
+    check(out, ref, "float32")
+    blocks = int(re.search(r"(\d+) tiles per L2 block", str(why)).group(1))
+    mod = dsl.build(dsl.auto_schedule([dw], target=tgt),
+                    {"name": "dw_nhwc", "tensor_list": [x, dy, dw], "need_build": False})
+    share = predict(mod, cores).share
+    if cores == 2:
+        assert blocks == 8 and share >= 0.97, (blocks, share)
+    else:  # 18 tasks of 8 tiles: 0.56
+        assert blocks < 8 and share >= 0.9, (blocks, share)
