@@ -170,6 +170,8 @@ def _blocks_for_cores(f, m: str, v: str, mr: int, nv_lanes: int, m1: int, cores:
     of the cores busy, 1.0 with blocks of one tile)."""
     from schedules.toolbox import sharing_choice
 
+    if cores < 2:
+        return m1
     m_tiles = -(-f.extents[m] // mr)
     others = product(f.extents[x] for x in f.spatial if x not in (m, v))
     v_blocks = -(-f.extents[v] // nv_lanes)
