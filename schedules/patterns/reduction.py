@@ -29,6 +29,9 @@ from schedules.patterns.common import (
 )
 
 UNROLL_VECTORS = 4  # independent accumulators: hides the add latency (3-4 cycles)
+# Below this many elements (output x reduction) a reduction runs on one core: waking the
+# pool costs more than it saves
+PARALLEL_MIN_ELEMS = 1 << 15
 
 
 def _rfactor_width(target, dtype: str, n: int) -> int:
@@ -227,7 +230,7 @@ def schedule_inner_reduction(sch, name: str, facts: dict, target) -> None:
         return rfactor_detail(rf is not None)
     row = sch.fuse(*loops[:n_sp]) if n_sp > 1 else loops[0]
     total = rows * product(f.extents[v] for v in f.reduce)
-    if target.cores > 1 and rows >= 2 and total >= 1 << 15:
+    if target.cores > 1 and rows >= 2 and total >= PARALLEL_MIN_ELEMS:
         sch.parallel(row)
     for stage in (fold, rf):  # consumers first
         if stage is not None:
@@ -254,7 +257,8 @@ def schedule_outer_reduction(sch, name: str, facts: dict, target) -> str | None:
         raise ValueError("no spatial axis to vectorise")
     tile = _outer_tile(target, f)
     tasks = product(f.extents[v] for v in f.spatial[:-1]) * -(-f.extents[f.spatial[-1]] // tile)
-    split = _partial_sums(sch, name, f, tasks, target)
+    big = product(f.extents.values()) >= PARALLEL_MIN_ELEMS  # else it stays on one core
+    split = _partial_sums(sch, name, f, tasks, target) if big else None
     if split is None:
         _outer_tile_nest(sch, sch.get_sblock(name), f, target)
         return None
@@ -286,7 +290,7 @@ def _outer_tile_nest(sch, blk, f, target) -> None:
     outer = [*sp[:-1], jo]
     fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
     total = product(f.extents.values())
-    if target.cores > 1 and extent(sch, fused) >= 2 and total >= 1 << 15:
+    if target.cores > 1 and extent(sch, fused) >= 2 and total >= PARALLEL_MIN_ELEMS:
         sch.parallel(fused)
     wb = sch.cache_write(blk, 0, "local")
     sch.reverse_compute_at(wb, fused, preserve_unit_loops=True)
@@ -397,7 +401,8 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
         nv -= 1
     tasks = n // (nv * lanes) * product(f.extents[v] for v in f.spatial
                                         if v not in taps and v != along)
-    split = _partial_sums(sch, name, f, tasks, target)
+    big = product(f.extents.values()) >= PARALLEL_MIN_ELEMS  # else it stays on one core
+    split = _partial_sums(sch, name, f, tasks, target) if big else None
     if split is not None:
         f, blk = split[:2]
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
@@ -476,6 +481,6 @@ def _rows_across_cores(sch, rows: list, f, target):
     """``rows`` fused into one loop, run across cores where the block is large enough."""
     row = sch.fuse(*rows) if len(rows) > 1 else rows[0]
     elems = product(f.extents[v] for v in [*f.spatial, *f.reduce])
-    if target.cores > 1 and extent(sch, row) >= 2 and elems >= 1 << 15:
+    if target.cores > 1 and extent(sch, row) >= 2 and elems >= PARALLEL_MIN_ELEMS:
         sch.parallel(row)
     return row
