@@ -307,17 +307,19 @@ def test_tap_sums_channels_last_partial_sums_for_many_cores(n, size, cores, over
         assert f"partial sums over {over}" in note, note
 
 @pytest.mark.parametrize(("shape", "dtype", "cores", "over"), [
-    ((8, 7, 9, 32), "float32", 16, "v_k0"),  # a bias gradient: 2 tiles, 8 parts of the batch
-    ((1, 24, 11, 32), "float32", 16, "v_k1"),  # one image: its rows
-    ((3, 20, 5, 48), "float16", 16, "v_k1"),  # 48 channels, 3 tiles; a batch of 3: the rows
-    ((96, 64), "float32", 16, "v_k0"),       # a layer norm's dgamma-like column sum
-    ((8, 7, 9, 32), "float32", 2, None),     # 2 tiles for 2 cores: no partial sums
+    ((8, 12, 11, 32), "float32", 16, "v_k0"),  # a bias gradient: 2 tiles, 8 parts of the batch
+    ((1, 40, 28, 32), "float32", 16, "v_k1"),  # one image: its rows
+    ((3, 20, 12, 48), "float16", 16, "v_k1"),  # 48 channels, 3 tiles; a batch of 3: the rows
+    ((640, 64), "float32", 16, "v_k0"),        # a layer norm's dgamma-like column sum
+    ((8, 12, 11, 32), "float32", 2, None),     # 2 tiles for 2 cores: no partial sums
+    ((4, 7, 9, 32), "float32", 16, None),      # 8064 elements: one core, no partial sums
 ], ids=str)
 def test_outer_reduction_partial_sums_for_many_cores(shape, dtype, cores, over):
     """A sum over every axis but the last (a bias gradient over NHWC, a column sum) with
     fewer vector tiles of the last axis than cores splits its first reduction axis (else the
-    next) into partial sums, each a task, added after; with tiles enough, none. Built for
-    16 cores, it runs here too. Against numpy float64."""
+    next) into partial sums, each a task, added after; with tiles enough, or too small a sum
+    for more than one core, none. Built for 16 cores, it runs here too. Against numpy
+    float64."""
     import targets
 
     rng = np.random.default_rng(53)
