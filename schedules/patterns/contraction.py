@@ -178,10 +178,16 @@ def _blocks_for_cores(f, m: str, v: str, mr: int, nv_lanes: int, m1: int, cores:
 
     def tasks(b):
         n = others * -(-m_tiles // b)
-        return n * v_blocks if n < 4 * cores else n
+        return n * v_blocks if _v_blocks_are_tasks(n, cores) else n
 
     sizes = list(dict.fromkeys(_m_blocks(m_tiles, lim) for lim in range(m1, 0, -1)))
     return sharing_choice(sizes, tasks, cores)[0]
+
+
+def _v_blocks_are_tasks(n_par: int, cores: int) -> bool:
+    """Whether the blocks along v join ``n_par`` tasks (the other output axes x the m
+    blocks) in :func:`_micro_kernel`'s parallel loop: where those are few for the cores."""
+    return n_par < 4 * cores
 
 
 def _pad_tiles(sch, name: str, f, pads: dict):
@@ -314,7 +320,7 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue) -> None:
     sch.reorder(*outer, m0, *([v0] if v0 is not None else []), m1l, *red, *tile)
     par = [*outer, m0]
     n_par = product(extent(sch, lp) for lp in par)
-    if v0 is not None and n_par < 4 * target.cores:
+    if v0 is not None and _v_blocks_are_tasks(n_par, target.cores):
         par.append(v0)
     fused = sch.fuse(*par) if len(par) > 1 else par[0]
     if target.cores > 1 and extent(sch, fused) >= 2:

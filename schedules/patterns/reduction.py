@@ -27,11 +27,9 @@ from schedules.patterns.common import (
     vector_width,
     vectorize_tail,
 )
+from schedules.toolbox import PARALLEL_MIN_ELEMS  # below it (output x reduction): one core
 
 UNROLL_VECTORS = 4  # independent accumulators: hides the add latency (3-4 cycles)
-# Below this many elements (output x reduction) a reduction runs on one core: waking the
-# pool costs more than it saves
-PARALLEL_MIN_ELEMS = 1 << 15
 
 
 def _rfactor_width(target, dtype: str, n: int) -> int:
@@ -255,10 +253,9 @@ def schedule_outer_reduction(sch, name: str, facts: dict, target) -> str | None:
     f = facts[name]
     if not f.spatial:
         raise ValueError("no spatial axis to vectorise")
-    tile = _outer_tile(target, f)
+    tile, _ = _outer_tile(target, f)
     tasks = product(f.extents[v] for v in f.spatial[:-1]) * -(-f.extents[f.spatial[-1]] // tile)
-    big = product(f.extents.values()) >= PARALLEL_MIN_ELEMS  # else it stays on one core
-    split = _partial_sums(sch, name, f, tasks, target) if big else None
+    split = _partial_sums(sch, name, f, tasks, target)
     if split is None:
         _outer_tile_nest(sch, sch.get_sblock(name), f, target)
         return None
@@ -269,12 +266,12 @@ def schedule_outer_reduction(sch, name: str, facts: dict, target) -> str | None:
             f"{parts} partial sums over {axis} (tiles too few for the cores), added after")
 
 
-def _outer_tile(target, f) -> int:
-    """Lanes of the register tile along the output's contiguous axis: two vectors where the
-    axis holds four, else one."""
+def _outer_tile(target, f) -> tuple[int, int]:
+    """``(lanes of the register tile, lanes of a vector)`` along the output's contiguous
+    axis: two vectors where the axis holds four, else one."""
     n = f.extents[f.spatial[-1]]
     v = vector_width(target, f.out_dtype, n)
-    return min(n, v * 2) if n >= 4 * v else v
+    return (min(n, v * 2) if n >= 4 * v else v), v
 
 
 def _outer_tile_nest(sch, blk, f, target) -> None:
@@ -283,8 +280,7 @@ def _outer_tile_nest(sch, blk, f, target) -> None:
     loops = sch.get_loops(blk)
     n_sp = len(f.spatial)
     sp, red = loops[:n_sp], loops[n_sp:]
-    v = vector_width(target, f.out_dtype, f.extents[f.spatial[-1]])
-    tile = _outer_tile(target, f)
+    tile, v = _outer_tile(target, f)
     jo, ji = sch.split(sp[-1], [None, tile])
     sch.reorder(*sp[:-1], jo, *red, ji)
     outer = [*sp[:-1], jo]
@@ -401,8 +397,7 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
         nv -= 1
     tasks = n // (nv * lanes) * product(f.extents[v] for v in f.spatial
                                         if v not in taps and v != along)
-    big = product(f.extents.values()) >= PARALLEL_MIN_ELEMS  # else it stays on one core
-    split = _partial_sums(sch, name, f, tasks, target) if big else None
+    split = _partial_sums(sch, name, f, tasks, target)
     if split is not None:
         f, blk = split[:2]
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
@@ -435,12 +430,13 @@ def _partial_sums(sch, name: str, f, tasks: int, target):
     """Where ``tasks`` blocks of output are fewer than the cores (an NHWC depthwise weight
     gradient's 64 channels are 4 blocks, for 16 cores), the first reduction axis that
     divides into enough parts (the batch, else the rows) split into partial sums by
-    ``rfactor``, each part a task of its own. Returns ``(facts of the partial-sum block,
-    that block, parts, the axis split)`` with its loops in the facts' order, or None
-    (nothing changed)."""
+    ``rfactor``, each part a task of its own; not for a reduction too small to run across
+    cores at all. Returns ``(facts of the partial-sum block, that block, parts, the axis
+    split)`` with its loops in the facts' order, or None (nothing changed)."""
     from schedules.patterns.analysis import block_facts
 
-    if tasks >= target.cores or target.cores < 2:
+    if tasks >= target.cores or target.cores < 2 or \
+            product(f.extents.values()) < PARALLEL_MIN_ELEMS:
         return None
     want = -(-target.cores // tasks)
     found = [(k, p) for k, axis in enumerate(f.reduce[:2])
