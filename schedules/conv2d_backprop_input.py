@@ -55,9 +55,13 @@ def dx_positions_tile(sch, block, target) -> None:
     qw_o, qw_i = sch.split(qw, [None, vw])
     ci_o, ci_i = sch.split(ci, [None, ci_t])
     sch.reorder(b, qh, ci_o, qw_o, *red, ci_i, qw_i)
-    sch.parallel(sch.fuse(b, qh, ci_o))
+    # the tiles of a row are tasks too where the rows are too few to share out
+    lead = [b, qh, ci_o, qw_o][:tb.lead_loops(
+        [tb.extent(sch, lp) for lp in (b, qh, ci_o, qw_o)], target.cores, least=3)]
+    fused = sch.fuse(*lead)
+    sch.parallel(fused)
     wb = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(wb, qw_o, preserve_unit_loops=True)
+    sch.reverse_compute_at(wb, qw_o if len(lead) == 3 else fused, preserve_unit_loops=True)
     sch.unroll(ci_i)
     if vw > lanes:
         qw_v, qw_l = sch.split(qw_i, [None, lanes])
@@ -152,15 +156,18 @@ def dx_acc_tiles(sch, block, target, kc: int = 0):
     whose own taps' panel overflows L1 runs its reduction in chunks of a multiple of ``kc``
     (:func:`chunk_blocks`), each task :func:`task_rows` rows chunk by chunk
     (:func:`schedules.toolbox.register_tile`'s ``chunk``); else the whole reduction is under
-    the tile and each task is one row."""
+    the tile and each task is one row, or one tile of a row where rows are too few to share
+    out over the cores (:func:`schedules.toolbox.lead_loops`)."""
     cx1_t, tw = tile_shape(sch, block, target)
     spatial, red = tb.split_loops(sch, block)
     dot = dot_intrinsic(sch, block, target)
     kc = phase_chunk(sch, block, target, cx1_t, kc) if kc else 0
     if not kc:
         per_lane = len(red) == 3
+        n, c1x, hq, wq = (tb.extent(sch, lp) for lp in spatial[:4])
+        lead = tb.lead_loops([n, -(-c1x // cx1_t), hq, -(-wq // tw)], target.cores, least=3)
         return tb.register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw},
-                                par=[0, 1, 2], serial=[3],
+                                par=[0, 1, 2, 3][:lead], serial=[3][:4 - lead],
                                 red_inner=(red[1],) if per_lane else (), dot_intrin=dot), 0
     return chunk_tiles(sch, block, target, cx1_t, tw, kc, dot), kc
 
@@ -182,7 +189,9 @@ def chunk_tiles(sch, block, target, cx1_t: int, tw: int, kc: int, dot=None,
     blocks (:func:`dx_acc_tiles`): each task takes :func:`task_rows` rows of an image and
     ``cx1_t`` C1x blocks of them, or with ``every_block`` every C1x block (one after the
     other, each over every row of the task: :func:`pad_in_task`'s tasks, which pad their own
-    rows of dy). Returns :func:`schedules.toolbox.register_tile`'s result."""
+    rows of dy). Where those tasks are too few for the cores, each row's tiles are cut into
+    parts (:func:`row_segments`), each part a task. Returns
+    :func:`schedules.toolbox.register_tile`'s result."""
     spatial, red = tb.split_loops(sch, block)
     b, cx1, qh, qw, cx0 = spatial
     n, c1x, hq, wq = (tb.extent(sch, lp) for lp in (b, cx1, qh, qw))
@@ -191,10 +200,29 @@ def chunk_tiles(sch, block, target, cx1_t: int, tw: int, kc: int, dot=None,
     rows = task_rows(n * c1x // blocks, hq, row_bytes, target)
     qh_o, qh_i = sch.split(qh, [None, rows])
     co1_o, co1_i = sch.split(red[0], [None, kc])
-    par, serial = ([0, 2], [1, 3, 4]) if every_block else ([0, 1, 2], [3, 4])
-    return tb.register_tile(sch, block, target, [b, cx1, qh_o, qh_i, qw, cx0],
-                            [co1_o, co1_i, *red[1:]], {1: cx1_t, 4: tw}, par=par,
+    segs = 1 if every_block else row_segments(n * c1x // blocks * (hq // rows), wq, tw,
+                                              target.cores)
+    lead = [b, cx1, qh_o]
+    if segs > 1:
+        qw_s, qw = sch.split(qw, [segs, None])
+        lead.append(qw_s)
+    k = len(lead)
+    par, serial = ([0, 2], [1, 3, 4]) if every_block else (list(range(k)), [k, k + 1])
+    return tb.register_tile(sch, block, target, [*lead, qh_i, qw, cx0],
+                            [co1_o, co1_i, *red[1:]], {1: cx1_t, k + 1: tw}, par=par,
                             serial=serial, dot_intrin=dot, chunk=1)
+
+
+def row_segments(tasks: int, wq: int, tw: int, cores: int) -> int:
+    """Parts of whole register tiles (``tw`` of ``wq`` positions) each row of a chunked dx
+    phase is cut into, each part a task: 1 where ``tasks`` (rows) share out over ``cores``
+    (:func:`schedules.toolbox.balance`), else the fewest parts that do, else those that
+    share out best. A part keeps a chunk's weight panel in L1 for all of its tiles; 112 rows
+    on 32 cores left an eighth of them idle."""
+    if wq % tw:
+        return 1
+    return max(tb.divisors(wq // tw),
+               key=lambda p: (min(tb.balance(tasks * p, cores), tb.BALANCE_MIN), -p))
 
 
 def pad_in_task(sch, workload, block, kc: int):

@@ -57,6 +57,20 @@ def test_task_rows(n_other, hq, row_bytes, cores, rows):
     assert rule.task_rows(n_other, hq, row_bytes, tgt) == rows
 
 
+@pytest.mark.parametrize("tasks, wq, tw, cores, parts", [
+    (112, 56, 8, 2, 1),     # rows share out: a row a task
+    (112, 56, 7, 32, 2),    # 8 tiles a row: halves, 224 tasks in 7 rounds of 32
+    (112, 56, 7, 128, 8),   # 896 tasks: 7 full rounds
+    (112, 56, 8, 64, 7),    # 7 tiles a row: sevenths, 784 tasks, 12.25 rounds
+    (112, 56, 8, 128, 1),   # sevenths leave as many cores idle as whole rows: rows
+    (3, 28, 7, 2, 2),       # 3 rows on 2 cores: halves of rows
+    (81, 11, 11, 64, 1),    # one tile a row: nothing to cut
+    (4, 30, 7, 16, 1),      # a ragged last tile: parts would split it
+])
+def test_row_segments(tasks, wq, tw, cores, parts):
+    assert rule.row_segments(tasks, wq, tw, cores) == parts
+
+
 def _dx_schedule(c, tgt, dtype="float32"):
     from tvm import te
 
@@ -114,6 +128,36 @@ def test_chunked_dx_matches_the_reference(c, cores):
         ref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"],
                      c["dil"], 1)
         assert_close(out, ref, "float32", f"{case_id(c)} {dtype} on {cores} cores")
+
+
+ROW_PARTS = [  # (case, L1d KiB, {cores: tasks of each dx_acc phase}): too few rows for the
+    # cores, so each row's register tiles are cut into parts, each part a task
+    (C(1, 32, 32, 4, 32, 3, 1, (1, 1, 1, 1), 1, 1), 4, {2: [4], 16: [16]}),  # chunked
+    (C(1, 32, 48, 6, 28, 3, 2, (1, 0, 0, 1), 1, 1), 4, {2: [6] * 4, 16: [6] * 4}),  # 3 rows
+    (C(2, 40, 24, 3, 56, 1, 1, (0, 0, 0, 0), 1, 1), 48, {2: [18], 16: [72]}),  # no chunks
+    (C(1, 3, 16, 3, 250, 7, 2, (3, 3, 3, 3), 1, 1), 48,  # 3 channels: W positions in lanes
+     {2: [2] * 4, 16: [2, 2, 4, 4]}),
+]
+
+
+@pytest.mark.parametrize("c, l1d, tasks", ROW_PARTS, ids=[case_id(c) for c, *_ in ROW_PARTS])
+def test_dx_rows_cut_into_parts_for_many_cores(c, l1d, tasks):
+    """The tasks of each phase (the scaling model's reading of the built loops), and the
+    results of the 16-core kernel against the float64 reference."""
+    from dsl.runtime.scaling import predict
+
+    for cores, expect in tasks.items():
+        sch, tensors = _dx_schedule(c, host_with(l1d, cores))
+        built = dsl.build(sch, {"name": f"parts_{cores}", "tensor_list": list(tensors),
+                                "need_build": False})
+        got = [s.tasks for s in predict(built, cores).stages if s.name.startswith("dx_acc")]
+        assert got == expect, (cores, got)
+    dy, w = dx_data(c, "float32")
+    kernel = dx_kernel(c, "float32", "float32", host_with(l1d, 16))
+    out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
+    ref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"],
+                 c["dil"], 1)
+    assert_close(out, ref, "float32", f"{case_id(c)} on 16 cores")
 
 
 def test_chunked_dx_with_a_nonfinite_weight_runs_the_exact_twin():
