@@ -27,7 +27,10 @@ from schedules.patterns.common import (
     vector_width,
     vectorize_tail,
 )
-from schedules.toolbox import PARALLEL_MIN_ELEMS  # below it (output x reduction): one core
+from schedules.toolbox import (
+    BALANCE_MIN,
+    PARALLEL_MIN_ELEMS,  # below it (output x reduction): one core
+    )
 
 UNROLL_VECTORS = 4  # independent accumulators: hides the add latency (3-4 cycles)
 
@@ -216,9 +219,29 @@ def _prefetch_rows(sch, row, rowwise: set, passes: dict, target) -> str:
             f"{host[0]}'s pass (memory overlaps the arithmetic)")
 
 
-def schedule_inner_reduction(sch, name: str, facts: dict, target) -> None:
-    """A reduction over the innermost axis on its own: rows across cores, rfactor inside."""
+def schedule_inner_reduction(sch, name: str, facts: dict, target) -> str:
+    """A reduction over the innermost axis on its own: rows across cores, rfactor inside.
+    Where the rows are too few tasks for the cores (a batch-norm weight gradient's 64
+    channels on 48 cores), the outer reduction axes split into partial sums first
+    (:func:`_partial_sums`), each part's rows tasks, the parts added after
+    (:func:`_sum_partials`)."""
     f = facts[name]
+    # the axes outside the contiguous run that rfactor_inner vectorises: a split inside it
+    # would leave the run's loads no whole number of vectors
+    outside = len(f.reduce) - _contiguous_run(sch, sch.get_sblock(name))
+    split = _partial_sums(sch, name, f, product(f.extents[v] for v in f.spatial),
+                          target, axes=min(2, outside)) if f.spatial else None
+    if split is None:
+        return _inner_nest(sch, name, f, target)
+    g, rf, parts, axis = split
+    detail = _inner_nest(sch, sch.get(rf).name_hint, g, target)
+    _sum_partials(sch, name, target)
+    return detail + f", {parts} partial sums over {axis} (rows too few for the cores), added after"
+
+
+def _inner_nest(sch, name: str, f, target) -> str:
+    """:func:`schedule_inner_reduction`'s loop nest for block ``name`` (facts ``f``, its
+    loops in the facts' order)."""
     rows = product(f.extents[v] for v in f.spatial)
     rf = rfactor_inner(sch, name, target)
     fold = fold_partials(sch, name, target) if rf is not None else None
@@ -347,12 +370,17 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
     strided = [(acc, stride_in(acc.indices[-1], j)) for acc in f.reads
                if acc.indices and (stride_in(acc.indices[-1], j) or 1) > 1]
     f, copies = split_by_phase(sch, name, strided)
-    blk = sch.get_sblock(name)
     n, lanes = f.extents[f.reduce[-1]], target.lanes(f.out_dtype)
     width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and n % w == 0), 0)
     if not width:
         raise ValueError(f"{f.reduce[-1]} is no whole number of vectors")
     taps = tap_axes(f)
+    # the batch only: each part then pads its own images, where rows would pad halos twice
+    split = _partial_sums(sch, name, f, product(f.extents[v] for v in f.spatial
+                                                if v not in taps), target, axes=1)
+    if split is not None:
+        f = split[0]
+    blk = sch.get_sblock(name) if split is None else split[1]
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
     _, ji = sch.split(by[f.reduce[-1]], [None, width])
     rf = sch.rfactor(ji, len(sch.get(blk).body.indices))
@@ -372,8 +400,12 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
     for copy in copies:
         if copy not in inside:
             schedule_injective(sch, copy, target)
+    if split is not None:
+        _sum_partials(sch, name, target)
     return Detail(f"{width}-lane partial sums of each tap {taps} in registers across the "
                   f"reduction, rfactor along {f.reduce[-1]}"
+                  + (f", {split[2]} partial sums over {split[3]} (rows too few for the "
+                     f"cores), added after" if split is not None else "")
                   + (f", the strided {', '.join(copies)} re-laid by phase" if copies else "")
                   + (f", {', '.join(inside)} computed per row" if inside else ""),
                   also=[m for m in inside if m not in copies])
@@ -426,24 +458,28 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
                   also=inside)
 
 
-def _partial_sums(sch, name: str, f, tasks: int, target):
-    """Where ``tasks`` blocks of output are fewer than the cores (an NHWC depthwise weight
-    gradient's 64 channels are 4 blocks, for 16 cores), the first reduction axis that
-    divides into enough parts (the batch, else the rows) split into partial sums by
-    ``rfactor``, each part a task of its own; not for a reduction too small to run across
-    cores at all. Returns ``(facts of the partial-sum block, that block, parts, the axis
-    split)`` with its loops in the facts' order, or None (nothing changed)."""
+def _partial_sums(sch, name: str, f, tasks: int, target, axes: int = 2):
+    """Where ``tasks`` blocks of output do not share out over the cores (an NHWC depthwise
+    weight gradient's 64 channels are 4 blocks, for 16 cores; an NCHW one's 64 channel rows
+    leave a third of 48 cores idle), one of the first ``axes`` reduction axes (the batch,
+    else the rows) split into partial sums by ``rfactor``, each part a task of its own:
+    the split :func:`partial_sum_time` finds fastest (the earlier axis and the fewer parts
+    on a tie), where it beats none. Not for a reduction too small to run across cores at
+    all. Returns ``(facts of the partial-sum block, that block, parts, the axis split)``
+    with its loops in the facts' order, or None (nothing changed)."""
     from schedules.patterns.analysis import block_facts
 
-    if tasks >= target.cores or target.cores < 2 or \
-            product(f.extents.values()) < PARALLEL_MIN_ELEMS:
+    work, out = product(f.extents.values()), product(f.extents[v] for v in f.spatial)
+    if target.cores < 2 or work < PARALLEL_MIN_ELEMS:
         return None
-    want = -(-target.cores // tasks)
-    found = [(k, p) for k, axis in enumerate(f.reduce[:2])
-             for p in range(want, f.extents[axis] + 1) if f.extents[axis] % p == 0]
+    time = lambda parts: partial_sum_time(work, out, tasks, parts, target.cores)  # noqa: E731
+    found = [(k, p) for k, axis in enumerate(f.reduce[:axes])
+             for p in range(2, f.extents[axis] + 1) if f.extents[axis] % p == 0]
     if not found:
         return None
-    k, parts = found[0]
+    k, parts = min(found, key=lambda kp: time(kp[1]))
+    if time(parts) >= time(1) * BALANCE_MIN:
+        return None
     axis = f.reduce[k]
     blk = sch.get_sblock(name)
     loops = sch.get_loops(blk)
@@ -457,6 +493,17 @@ def _partial_sums(sch, name: str, f, tasks: int, target):
     n_sp = len(f.spatial)
     sch.reorder(lps[n_sp + k], *lps[:n_sp], *lps[n_sp:n_sp + k], *lps[n_sp + k + 1:])
     return g, rf, parts, axis
+
+
+def partial_sum_time(work: int, out: int, tasks: int, parts: int, cores: int) -> float:
+    """A reduction's time in element steps, its ``work`` elements in ``tasks x parts`` equal
+    tasks run in rounds over ``cores``, then the ``parts`` partials of each of its ``out``
+    output elements added on one core (:func:`_sum_partials`). More parts fill the last
+    round better and cost a longer sum: 32 tiles of a layer-norm gamma gradient (8192 x
+    1024) on 48 cores in 64 parts keep 0.58 of them busy (the sum of 64 x 1024 partials
+    serial), in 16 parts 0.89."""
+    n = tasks * parts
+    return -(-n // cores) * work / n + (parts * out if parts > 1 else 0)
 
 
 def _sum_partials(sch, name: str, target) -> None:

@@ -122,6 +122,47 @@ def test_channel_sums_over_an_image(shape, whole):
 
 
 
+@pytest.mark.parametrize(("shape", "cores", "parts"), [
+    ((8, 20, 8, 32), 48, 2),     # 20 channel rows for 48 cores: 2 parts of the batch, 1 round
+    ((6, 40, 8, 48), 16, 2),     # 40 rows on 16 cores: 3 rounds for 2.5; 80 rows 5 for 5
+    ((8, 13, 16, 32), 48, 8),    # 13 rows: 8 parts, 104 tasks in 3 rounds of 1/104 each
+    ((8, 64, 8, 32), 16, None),  # 64 rows share out over 16 cores
+    ((1, 20, 32, 32), 48, None),  # one image: its rows are the contiguous run, left whole
+], ids=str)
+def test_channel_sums_partial_sums_for_many_cores(shape, cores, parts):
+    """An NCHW per-channel sum whose channel rows leave cores idle splits its batch into
+    partial sums, each part's rows tasks, added after; the image's rows stay one vectorised
+    run. Built for the cores asked, run here. Against numpy float64."""
+    import targets
+
+    n, c, h, w = shape
+    rng = np.random.default_rng(31)
+    x, dy = te.placeholder(shape, name="x"), te.placeholder(shape, name="dy")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (h, "i"), (w, "j")))
+    y = te.compute((c,), lambda ci: te.sum(dy[b, ci, i, j] * x[b, ci, i, j], axis=[b, i, j]),
+                   name="dgamma")
+    xn, dyn = rand(shape, "float32", rng), rand(shape, "float32", rng)
+    (out,), why = build_run([y], [x, dy], [xn, dyn], target=targets.current().with_cores(cores))
+    check(out, (dyn.astype(np.float64) * xn).sum(axis=(0, 2, 3)), "float32")
+    note = {s: w for s, _, w in why.stages}["dgamma"]
+    assert "rfactor-vectorised" in note, note
+    assert ("partial sums" in note) == (parts is not None), note
+    if parts is not None:
+        assert f"{parts} partial sums over v_b" in note, note
+
+
+def test_partial_sum_time():
+    """A layer-norm gamma gradient (8192 x 1024, 32 tiles) on 48 cores: 64 parts fill the
+    rounds but leave 64 x 1024 partials to add on one core; fewer parts are faster."""
+    from schedules.patterns.reduction import partial_sum_time
+
+    work, out = 8192 * 1024, 1024
+    times = {p: partial_sum_time(work, out, 32, p, 48) for p in (1, 2, 4, 16, 64)}
+    assert times[1] == work / 32  # 32 tasks, one round
+    assert times[2] == times[1] + 2 * out  # 64 tasks still take 2 rounds of half the size
+    assert times[16] < times[4] < times[1] and times[64] > times[16]
+
+
 @pytest.mark.parametrize(("shape", "whole"), [((3, 5, 8, 56), True), ((2, 4, 6, 9), False)],
                          ids=str)
 def test_channel_sums_with_a_per_channel_scalar(shape, whole):
@@ -305,6 +346,29 @@ def test_tap_sums_channels_last_partial_sums_for_many_cores(n, size, cores, over
     assert ("partial sums" in note) == (over is not None), note
     if over is not None and tgt.lanes("float32") == 16:  # the blocks counted for 16 lanes
         assert f"partial sums over {over}" in note, note
+
+@pytest.mark.parametrize(("n", "cores", "parts"), [(8, 48, 2), (8, 16, 2), (8, 8, None)],
+                         ids=str)
+def test_tap_sums_partial_sums_for_many_cores(n, cores, parts):
+    """An NCHW depthwise weight gradient of 24 channels (24 row tasks) on 48 cores splits
+    its batch in two (48 tasks, one round); on 16 cores too (2 rounds for 1.5 of work, then
+    3 for 3); 8 cores take the 24 rows in 3 full rounds. Against numpy float64."""
+    import targets
+
+    rng = np.random.default_rng(59)
+    pads = ((1, 1), (1, 1))
+    x, dy, dw = _tap_sums_graph(n, 24, (12, 16), 3, pads, "float32")
+    xn = rand([int(v) for v in x.shape], "float32", rng)
+    dyn = rand([int(v) for v in dy.shape], "float32", rng)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn],
+                            target=targets.current().with_cores(cores))
+    check(out, _ref_tap_sums(xn, dyn, 3, pads), "float32")
+    rule, note = next((r, w) for st, r, w in why.stages if st == "dw")
+    assert rule == "patterns.tap_sums", why.stages
+    assert ("partial sums over" in note) == (parts is not None), note
+    if parts is not None:
+        assert f"{parts} partial sums over" in note, note
+
 
 @pytest.mark.parametrize(("shape", "dtype", "cores", "over"), [
     ((8, 12, 11, 32), "float32", 16, "v_k0"),  # a bias gradient: 2 tiles, 8 parts of the batch
