@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from schedules.patterns.analysis import nodes_of
 from schedules.patterns.common import product
+from schedules.toolbox import lead_loops
 
 # Tags of the stages the split makes (the user's output keeps its own name and tag).
 OPERAND_TAG = "phases.operand"      # the compressed operand P
@@ -841,5 +842,22 @@ def schedule_interleave(sch, name: str, facts: dict, target) -> str:
     # the loops outside the first phase loop run across cores; the innermost axis's
     # quotient loop stays LLVM's to vectorise
     prefix = first if f.spatial[first] == inner else first + 1
-    parallel_loops(sch, list(loops[:prefix]), target, elems)
+    par = list(loops[:prefix])
+    nxt = _next_quotient(f, axes, first, inner)
+    if nxt is not None and target.cores > 1:
+        # one image of 112 rows is 56 row-pair tasks: too few for 48 cores, so the next
+        # interleaved axis's quotient joins them, above the first one's phase loop
+        quot = loops[prefix + 1]
+        sizes = [product(extent(sch, lp) for lp in par), extent(sch, quot)]
+        if lead_loops(sizes, target.cores, least=1) == 2:
+            sch.reorder(quot, loops[prefix])
+            par.append(quot)
+    parallel_loops(sch, par, target, elems)
     return f"{' x '.join(f'{s} phases along {v}' for v, s in axes.items())}, unrolled"
+
+
+def _next_quotient(f, axes: dict, first: int, inner: str) -> str | None:
+    """The interleaved iterator right after the first one (its quotient loop just below the
+    first one's phase loop), where it is not the innermost axis; else None."""
+    nxt = f.spatial[first + 1] if first + 1 < len(f.spatial) else None
+    return nxt if nxt in axes and nxt != inner and f.spatial[first] != inner else None

@@ -362,6 +362,48 @@ def test_interleave_max_pool_gradient(size):
     assert _rules(why)["dx"] == "patterns.interleave", _rules(why)
 
 
+@pytest.mark.parametrize("cores, tasks", [(16, 13 * 40), (4, 13 * 40), (13, 13)])
+def test_interleave_rows_too_few_for_the_cores(cores, tasks):
+    """The 3x3 stride-2 max-pool gradient of one NHWC image (its four phases interleaved):
+    13 row pairs are too few tasks for 16 cores (or 4), so the column pairs join them; 13
+    cores take the row pairs alone. Built for those cores, run here: against numpy float64."""
+    import dsl
+    import targets
+    from dsl.runtime.scaling import predict
+
+    rng = np.random.default_rng(6)
+    (h, w), c, (ho, wo) = (26, 80), 32, (13, 40)
+    x = te.placeholder((1, h, w, c), name="x")
+    y = te.placeholder((1, ho, wo, c), name="y")
+    dy = te.placeholder((1, ho, wo, c), name="dy")
+    ry, rx = te.reduce_axis((0, 3), "ry"), te.reduce_axis((0, 3), "rx")
+
+    def body(b, i, j, ci):
+        hh, ww = i + 1 - ry, j + 1 - rx
+        ok = te.all(hh % 2 == 0, ww % 2 == 0, hh >= 0, ww >= 0, hh // 2 < ho, ww // 2 < wo)
+        hit = te.if_then_else(x[b, i, j, ci] == y[b, hh // 2, ww // 2, ci],
+                              dy[b, hh // 2, ww // 2, ci], 0.0)
+        return te.sum(te.if_then_else(ok, hit, 0.0), axis=[ry, rx])
+
+    dx = te.compute((1, h, w, c), body, name="dx")
+    xn = rand((1, h, w, c), "float32", rng)
+    xp = np.pad(xn.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-1e9)
+    win = lambda a, r, t: a[:, r:r + 2 * ho - 1:2, t:t + 2 * wo - 1:2]  # noqa: E731
+    yn = np.max([win(xp, r, t) for r in range(3) for t in range(3)], axis=0).astype("float32")
+    dyn = rand((1, ho, wo, c), "float32", rng)
+    ref = np.zeros((1, h + 2, w + 2, c))
+    for r in range(3):
+        for t in range(3):
+            win(ref, r, t)[...] += np.where(win(xp, r, t) == yn, dyn, 0.0)
+    tgt = targets.current().with_cores(cores)
+    (out,), why = build_run([dx], [x, y, dy], [xn, yn, dyn], target=tgt)
+    check(out, ref[:, 1:-1, 1:-1], "float32")
+    assert _rules(why)["dx"] == "patterns.interleave", _rules(why)
+    mod = dsl.build(dsl.auto_schedule([dx], target=tgt), {
+        "name": "dx", "tensor_list": [x, y, dy, dx], "need_build": False})
+    assert [s.tasks for s in predict(mod, cores).stages][-1] == tasks
+
+
 def test_interleave_mixed_reads():
     """A nearest upsample added to a skip connection along the rows alone (``u[.., j // 3] +
     x[.., j]``) is interleaved; a per-16-lane scale (``g[j // 16]``: more phases than
