@@ -27,10 +27,9 @@ from schedules.patterns.common import (
     vector_width,
     vectorize_tail,
 )
-from schedules.toolbox import (
-    BALANCE_MIN,
-    PARALLEL_MIN_ELEMS,  # below it (output x reduction): one core
-    )
+
+# under PARALLEL_MIN_ELEMS (output x reduction elements), a reduction runs on one core
+from schedules.toolbox import BALANCE_MIN, PARALLEL_MIN_ELEMS
 
 UNROLL_VECTORS = 4  # independent accumulators: hides the add latency (3-4 cycles)
 
@@ -499,9 +498,9 @@ def partial_sum_time(work: int, out: int, tasks: int, parts: int, cores: int) ->
     """A reduction's time in element steps, its ``work`` elements in ``tasks x parts`` equal
     tasks run in rounds over ``cores``, then the ``parts`` partials of each of its ``out``
     output elements added on one core (:func:`_sum_partials`). More parts fill the last
-    round better and cost a longer sum: 32 tiles of a layer-norm gamma gradient (8192 x
-    1024) on 48 cores in 64 parts keep 0.58 of them busy (the sum of 64 x 1024 partials
-    serial), in 16 parts 0.89."""
+    round better and cost a longer sum: the 32 tiles of a layer-norm gamma gradient (8192 x
+    1024) on 48 cores in 64 parts keep 0.58 of them busy (by the scaling model; the sum of
+    64 x 1024 partials serial), in the 4 this estimate picks 0.85."""
     n = tasks * parts
     return -(-n // cores) * work / n + (parts * out if parts > 1 else 0)
 
