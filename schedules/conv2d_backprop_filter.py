@@ -100,10 +100,7 @@ def parallel_parts(tasks: int, cores: int) -> int:
     32 by 1.22x."""
     most = max(1, math.ceil(4 * cores / tasks))
     least = min(most, math.ceil(cores / tasks))
-    for parts in range(least, most + 1):
-        if balance(parts * tasks, cores) >= BALANCE_MIN:
-            return parts
-    return max(range(least, most + 1), key=lambda p: (balance(p * tasks, cores), -p))
+    return sharing_choice(range(least, most + 1), lambda p: p * tasks, cores, balance)[0]
 
 
 def reduction_chunks(sch, block, target, tiles: dict[int, int]) -> int:

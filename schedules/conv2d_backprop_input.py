@@ -167,7 +167,7 @@ def dx_acc_tiles(sch, block, target, kc: int = 0):
         n, c1x, hq, wq = (tb.extent(sch, lp) for lp in spatial[:4])
         lead = tb.lead_loops([n, -(-c1x // cx1_t), hq, -(-wq // tw)], target.cores, least=3)
         return tb.register_tile(sch, block, target, spatial, red, {1: cx1_t, 3: tw},
-                                par=[0, 1, 2, 3][:lead], serial=[3][:4 - lead],
+                                par=list(range(lead)), serial=[3] if lead == 3 else [],
                                 red_inner=(red[1],) if per_lane else (), dot_intrin=dot), 0
     return chunk_tiles(sch, block, target, cx1_t, tw, kc, dot), kc
 
@@ -221,8 +221,7 @@ def row_segments(tasks: int, wq: int, tw: int, cores: int) -> int:
     on 32 cores left an eighth of them idle."""
     if wq % tw:
         return 1
-    return max(tb.divisors(wq // tw),
-               key=lambda p: (min(tb.balance(tasks * p, cores), tb.BALANCE_MIN), -p))
+    return tb.sharing_choice(tb.divisors(wq // tw), lambda p: tasks * p, cores, tb.balance)[0]
 
 
 def pad_in_task(sch, workload, block, kc: int):

@@ -163,8 +163,7 @@ def lead_loops(sizes: list[int], cores: int, least: int = 2) -> int:
     share what the blocks above them read (a tap loop below the reduction chunks reads the
     chunk from L1 / L2 again; above them, from memory)."""
     counts = range(min(least, len(sizes)), len(sizes) + 1)
-    return max(counts, key=lambda n: (min(balance(math.prod(sizes[:n]), cores),
-                                          BALANCE_MIN), -n))
+    return sharing_choice(counts, lambda n: math.prod(sizes[:n]), cores, balance)[0]
 
 
 def task_share(tasks: int, cores: int) -> float:
@@ -173,13 +172,14 @@ def task_share(tasks: int, cores: int) -> float:
     return balance(tasks, cores) * min(1.0, tasks / (2 * cores))
 
 
-def sharing_choice(candidates, tasks, cores: int) -> tuple:
+def sharing_choice(candidates, tasks, cores: int, measure=task_share) -> tuple:
     """``(candidate, share)``: the first of ``candidates`` (in order of preference) whose
-    ``tasks(candidate)`` tasks keep ``cores`` busy (:func:`task_share` at least
-    :data:`BALANCE_MIN`), else the one whose tasks share out best (the earlier on a tie)."""
+    ``tasks(candidate)`` tasks keep ``cores`` busy (``measure``, :func:`task_share` or
+    :func:`balance`, at least :data:`BALANCE_MIN`), else the one whose tasks share out best
+    (the earlier on a tie)."""
     best = None
     for cand in candidates:
-        share = task_share(tasks(cand), cores)
+        share = measure(tasks(cand), cores)
         if share >= BALANCE_MIN:
             return cand, share
         if best is None or share > best[1] + 1e-9:

@@ -235,7 +235,7 @@ def schedule_inner_reduction(sch, name: str, facts: dict, target) -> str:
     g, rf, parts, axis = split
     detail = _inner_nest(sch, sch.get(rf).name_hint, g, target)
     _sum_partials(sch, name, target)
-    return detail + f", {parts} partial sums over {axis} (rows too few for the cores), added after"
+    return detail + _partials_note(parts, axis, "rows")
 
 
 def _inner_nest(sch, name: str, f, target) -> str:
@@ -284,8 +284,8 @@ def schedule_outer_reduction(sch, name: str, facts: dict, target) -> str | None:
     g, rf, parts, axis = split
     _outer_tile_nest(sch, rf, g, target)
     _sum_partials(sch, name, target)
-    return (f"{tile}-lane tiles of {f.spatial[-1]} in registers across the reduction, "
-            f"{parts} partial sums over {axis} (tiles too few for the cores), added after")
+    return (f"{tile}-lane tiles of {f.spatial[-1]} in registers across the reduction"
+            + _partials_note(parts, axis, "tiles"))
 
 
 def _outer_tile(target, f) -> tuple[int, int]:
@@ -403,8 +403,7 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
         _sum_partials(sch, name, target)
     return Detail(f"{width}-lane partial sums of each tap {taps} in registers across the "
                   f"reduction, rfactor along {f.reduce[-1]}"
-                  + (f", {split[2]} partial sums over {split[3]} (rows too few for the "
-                     f"cores), added after" if split is not None else "")
+                  + (_partials_note(*split[2:], "rows") if split is not None else "")
                   + (f", the strided {', '.join(copies)} re-laid by phase" if copies else "")
                   + (f", {', '.join(inside)} computed per row" if inside else ""),
                   also=[m for m in inside if m not in copies])
@@ -451,8 +450,7 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
         _sum_partials(sch, name, target)
     return Detail(f"{nv} x {lanes}-lane vectors of {along} for each of the {n_taps} taps "
                   f"{taps} in registers across the reduction, blocks of {along} across cores"
-                  + (f", {split[2]} partial sums over {split[3]} (blocks too few for the "
-                     f"cores), added after" if split is not None else "")
+                  + (_partials_note(*split[2:], "blocks") if split is not None else "")
                   + (f", {', '.join(inside)} computed per {f.reduce[0]}" if inside else ""),
                   also=inside)
 
@@ -503,6 +501,11 @@ def partial_sum_time(work: int, out: int, tasks: int, parts: int, cores: int) ->
     64 x 1024 partials serial), in the 4 this estimate picks 0.85."""
     n = tasks * parts
     return -(-n // cores) * work / n + (parts * out if parts > 1 else 0)
+
+
+def _partials_note(parts: int, axis: str, what: str) -> str:
+    """The rule's note on :func:`_partial_sums`' split (``what``: the tasks it had)."""
+    return f", {parts} partial sums over {axis} ({what} too few for the cores), added after"
 
 
 def _sum_partials(sch, name: str, target) -> None:
