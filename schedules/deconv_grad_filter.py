@@ -37,10 +37,12 @@ divide the row axis (64 channels), the last row tile is ragged and gets a loop n
 own (:func:`schedules.toolbox.split_last_tile`), and each group's dy panels are zero-filled
 to whole tiles (dcgan bench layer, 2 Zen 3 cores: 4 x 16 tile 138, 6 x 16 tiles 160 GFLOP/s).
 
-The choice between them, ``P`` and every tile size depend only on the shapes and the vector
-width, never on ``target.cores``: for a given shape each output element is summed in the same
-order whatever the number of cores, so results are bit-identical; only the ``parallel``
-annotations (none for one core) and the order of independent tiles differ.
+The choice between them and ``P`` depend only on the shapes and the vector width, never on
+``target.cores``, and every loop over K runs in one order: for a given shape each output
+element is summed in the same order whatever the number of cores, so results are
+bit-identical. The core count only chooses which output loops are tasks (:func:`task_loops`)
+and, where the row tiles become tasks, whole row tiles instead of a ragged last one: both
+regroup the outputs, not any output's sum.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ from dsl.ops import tag
 from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.toolbox import (
+    BALANCE_MIN,
     STEP_UNROLL,
     accumulator_registers,
+    balance,
     divisors,
     extent,
     fill_vector_factor,
@@ -127,6 +131,37 @@ def plan(p: dict, lanes: int, acc_regs: int, ragged: bool = True) -> dict:
             "ragged": ragged}
 
 
+def _lead_sizes(cfg, p) -> list[int]:
+    """Extents of the loops above the reduction chunks that may become tasks, outermost
+    first: ``g``, the tile axis that is not the rows' (``other``), ``kh``, ``kw`` and the
+    row tiles (``tiles``)."""
+    ext = {"g": p["group"], "oc": p["out_c"] // p["group"], "ic": p["in_c"] // p["group"],
+           "kw": p["kernel_w"]}
+    tiles = cfg["rows"][0]
+    other = "ic" if tiles == "oc" else "oc"
+    return [-(-ext[a] // cfg["inner"][a]) if a != "kh" else p["kernel_h"]
+            for a in ("g", other, "kh", "kw", tiles)]
+
+
+def task_loops(cfg: dict, p: dict, lanes: int, acc_regs: int, cores: int) -> dict:
+    """``cfg`` with ``"lead"``, how many of :func:`_lead_sizes`' loops run across ``cores``
+    (one pass over K; :func:`parallel_lead` over the first four), or with the row tiles
+    as a fifth task loop where the output blocks and taps alone leave cores idle (the dcgan
+    bench layer has 32 of them: a 48-core server would keep 0.67 of its cores busy). A
+    ragged row tile cannot be a task of its own (its loop nest is apart), so then every row
+    tile is whole (``plan(..., ragged=False)``). Results do not change: the tiles only
+    regroup the outputs; each output still sums K in one order."""
+    sizes = _lead_sizes(cfg, p)
+    n = parallel_lead(sizes[:4], cores)
+    share = balance(math.prod(sizes[:n]), cores)
+    if cfg["parts"] > 1 or share >= BALANCE_MIN:
+        return {**cfg, "lead": n}
+    whole = plan(p, lanes, acc_regs, ragged=False) if cfg["ragged"] else cfg
+    if whole["parts"] == 1 and balance(math.prod(_lead_sizes(whole, p)), cores) > share + 1e-9:
+        return {**whole, "lead": 5}
+    return {**cfg, "lead": n}
+
+
 def _parallel(sch, loops, cores: int) -> None:
     """Fuse ``loops`` and run them across cores; for one core, leave them unfused (the
     results do not depend on the core count, see the module docstring)."""
@@ -147,8 +182,9 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
     tgt = workload.target
     lanes = tgt.lanes("float32")  # fp16 inputs are widened: the arithmetic is fp32
     p = json.loads(workload.attrs["dsl_params"])
-    cfg = plan(p, lanes, accumulator_registers(tgt))
     cores = tgt.cores
+    cfg = task_loops(plan(p, lanes, accumulator_registers(tgt)), p, lanes,
+                     accumulator_registers(tgt), cores)
     pad = workload.find(sch, tag.DECONV_DY_PAD)
     acc = workload.find(sch, tag.DECONV_ACC)
     out = workload.find(sch, tag.DECONV_GRAD_FILTER)
@@ -226,6 +262,7 @@ def _tile_note(cfg) -> str:
     note = (f"{cfg['mode']}-vector register tile of {inner[r1]} {r1} x {inner[r2]} {r2} rows, "
             f"{cfg['parts']} K part(s)")
     return (note + (f", the last {r1} tile in a loop nest of its own" if cfg["ragged"] else "")
+            + (f", the {r1} tiles tasks of their own" if cfg.get("lead") == 5 else "")
             + (f", {STEP_UNROLL} reduction steps per iteration" if cfg.get("unrolled") else ""))
 
 
@@ -250,8 +287,9 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores, pad=None) -> bool:
     b, ih = f
     _vector_axis_last(sch, acc, cfg, 0)
     tiles, other = (oc_o, ic_o) if cfg["rows"][0] == "oc" else (ic_o, oc_o)
-    lead = [g_o, other, kh, kw_o]
-    n_par = parallel_lead([extent(sch, lp) for lp in lead], cores)
+    lead, n_par = [g_o, other, kh, kw_o, tiles], cfg["lead"]
+    if n_par < len(lead):  # the row tiles stay innermost under the chunk and the taps
+        lead.pop()
     if pad is not None and (cfg["mode"] != "oc" or n_par > 2):
         pad = None  # a task per tap would pad the same chunk once per tap
     if pad is None:
@@ -263,7 +301,8 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores, pad=None) -> bool:
         f_o, f_i = sch.split(ih, [None, rows])
         chunk = [b, f_o]
     par, taps = _phase_tasks(sch, lead, n_par, p, cfg, cores)
-    sch.reorder(*par, *chunk, *taps, tiles, f_i, iw, r1, r2, vec)
+    sch.reorder(*par, *chunk, *taps, *([tiles] if len(lead) < 5 else []), f_i, iw, r1, r2,
+                vec)
     if pad is not None:
         sch.compute_at(pad, f_o, preserve_unit_loops=True)
     _micro_kernel(sch, acc, (r1, r2, vec), par, chunk[0], cores)
@@ -287,13 +326,14 @@ def _phase_tasks(sch, lead: list, n_par: int, p: dict, cfg: dict, cores: int):
     1.19x on 4; grouped_g8 1.14x on 16; on 8 cores its 8 (oc, kh) tasks stay (halved, they
     would leave cores idle)."""
     par, taps = lead[:n_par], lead[n_par:]
-    if n_par < 3:
+    if n_par not in (3, 4):
         return par, taps
     axis = "hw"[n_par - 3]
     s, loop = p[f"stride_{axis}"], lead[n_par - 1]
     n, tasks = extent(sch, loop), math.prod(extent(sch, lp) for lp in par)
     whole = axis == "h" or cfg["inner"]["kw"] == 1  # the tile holds one kw column
-    if s == 1 or p[f"dilation_{axis}"] != 1 or n % s or tasks // s < cores or not whole:
+    shared = balance(tasks // s, cores) >= balance(tasks, cores) - 1e-9
+    if s == 1 or p[f"dilation_{axis}"] != 1 or n % s or not shared or not whole:
         return par, taps
     step, phase = sch.split(loop, [None, s])
     return [*par[:-1], phase], [step, *taps]

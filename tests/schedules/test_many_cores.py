@@ -1,7 +1,7 @@
-"""The dense conv2d benchmark layers, built for servers of 16 and 64 cores, keep them busy by
-the static model of :mod:`dsl.runtime.scaling` (each stage's tasks share out over the cores;
-nothing big left serial): what ``python -m dsl scaling`` reports, held as a regression check
-because no machine of that size runs the tests."""
+"""The dense conv2d and the DeconvGradFilter benchmark layers, built for servers of 16-128
+cores, keep them busy by the static model of :mod:`dsl.runtime.scaling` (each stage's tasks
+share out over the cores; nothing big left serial): what ``python -m dsl scaling`` reports,
+held as a regression check because no machine of that size runs the tests."""
 
 import pytest
 from tvm import te
@@ -9,6 +9,8 @@ from tvm import te
 import dsl
 import targets
 from dsl.cli.bench.conv2d import LAYERS
+from dsl.cli.bench.deconv import LAYERS as DECONV
+from dsl.ops.deconv_grad_filter import deconv_grad_filter
 from dsl.ops.group import GroupLayout
 from dsl.runtime.scaling import predict
 
@@ -51,3 +53,20 @@ def test_dense_dx_rows_in_parts_keep_32_and_48_cores_busy(layer, cores):
     stem tiles a whole row of W positions at once: nothing to cut."""
     pred = predict(_lowered(layer, "dx", cores), cores)
     assert pred.share >= 0.9, (pred.share, pred.limiting())
+
+
+@pytest.mark.parametrize("cores", [24, 48, 64, 128])
+@pytest.mark.parametrize("layer", DECONV, ids=lambda layer: layer.name)
+def test_deconv_grad_filter_layers_keep_many_cores_busy(layer, cores):
+    """The dcgan layer has 2 oc blocks x 16 taps = 32 output blocks: 0.67 of 48 cores, 0.25 of
+    128, until its row tiles join the tasks; the grouped one's taps of one dy phase shared a
+    task where that halved 128 tasks to 64 on 48 cores (0.67)."""
+    dy = te.placeholder((layer.n, layer.out, layer.out, layer.cout), "float32", name="dy")
+    x = te.placeholder((layer.n, layer.hw, layer.hw, layer.cin), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=layer.k, stride=layer.stride, pad=layer.pad,
+                            group=layer.groups)
+    sch = dsl.auto_schedule(dw, target=targets.current().with_cores(cores))
+    mod = dsl.build(sch, {"name": f"dgf_{layer.name}", "tensor_list": [dy, x, dw],
+                          "need_build": False})
+    pred = predict(mod, cores)
+    assert pred.share >= 0.85, (pred.share, pred.limiting())

@@ -408,6 +408,52 @@ def test_taps_of_one_dy_phase_share_a_task(cores, tasks):
                      "float32", case_id(c))
 
 
+@pytest.mark.parametrize("cores,tasks,lead", [
+    (2, 2, 2),      # the two oc blocks share out
+    (16, 16, 4),    # 32 (oc, kh, kw) blocks, two taps of one dy phase in each task
+    (48, 128, 5),   # 32 blocks keep 0.67 of 48 cores busy: the row tiles join, whole
+    (64, 128, 5),   # 32 blocks would keep half of 64 busy
+])
+def test_row_tiles_become_tasks_where_the_blocks_are_too_few(cores, tasks, lead):
+    from schedules.deconv_grad_filter import plan, task_loops
+    from schedules.toolbox import accumulator_registers
+
+    c, tgt = DCGAN_SMALL, targets.get("x86-avx512").with_cores(cores)
+    p = {"group": c["g"], "in_c": c["in"][2], "out_c": c["out"][2], "kernel_h": c["k"][0],
+         "kernel_w": c["k"][1], "batch": c["b"], "in_h": c["in"][0], "in_w": c["in"][1]}
+    regs = accumulator_registers(tgt)
+    cfg = task_loops(plan(p, 16, regs), p, 16, regs, cores)
+    assert cfg["lead"] == lead
+    # 12 rows over 32 ic: ragged (12 + 12 + 8); as tasks, 4 whole tiles of 8
+    assert (cfg["inner"]["ic"], cfg["ragged"]) == ((8, False) if lead == 5 else (12, True))
+    kernel, sch = _dcgan_small(cores)
+    assert f"in T.parallel({tasks}):" in sch.mod.script()
+    notes = {b: w for b, _, w in kernel.decisions}
+    assert ("ic tiles tasks of their own" in notes["dw_acc"]) == (lead == 5), notes
+    host = targets.current()
+    if targets.runnable(host):  # the tasks regroup the outputs, not any output's sum
+        dy_v, x_v = data(c, "float32", seed=9)
+        one = kernel_for(c, "float32", host.with_cores(1))(dy_v, x_v)
+        many = kernel_for(c, "float32", host.with_cores(cores))(dy_v, x_v)
+        assert np.array_equal(one, many)
+        assert_close(many, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
+                     "float32", case_id(c))
+
+
+@pytest.mark.parametrize("cores,tasks", [(8, 24), (16, 48)])
+def test_taps_share_a_task_only_where_no_core_share_is_lost(cores, tasks):
+    # 96 oc: 3 blocks x 4 kh x 4 kw = 48 tasks. 8 cores: 24 tasks of one phase's two taps
+    # share out as well; 16 cores: 24 would keep 0.75 of them busy, so 48 one-tap tasks
+    from tvm import te
+
+    dy = te.placeholder((2, 12, 14, 96), "float32", name="dy")
+    x = te.placeholder((2, 6, 7, 32), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=4, stride=2, pad=1)
+    tgt = targets.get("x86-avx512").with_cores(cores)
+    script = dsl.auto_schedule([dw], tgt).s_tir([dy, x, dw]).mod.script()
+    assert f"in T.parallel({tasks}):" in script
+
+
 # rows of dy 16 or more positions long (in_w): 4 reduction steps per loop iteration; 7: one
 @pytest.mark.parametrize("c,unrolled", [(D(2, 5, 16, 32, 10, 32, 64, 4, 2, 1, 1, 1), True),
                                         (DCGAN_SMALL, False)], ids=["w16", "w7"])
