@@ -173,15 +173,17 @@ def _blocks_for_cores(f, m: str, v: str, mr: int, nv_lanes: int, m1: int, cores:
     if cores < 2:
         return m1
     m_tiles = -(-f.extents[m] // mr)
-    others = product(f.extents[x] for x in f.spatial if x not in (m, v))
-    v_blocks = -(-f.extents[v] // nv_lanes)
-
-    def tasks(b):
-        n = others * -(-m_tiles // b)
-        return n * v_blocks if _v_blocks_are_tasks(n, cores) else n
-
     sizes = list(dict.fromkeys(_m_blocks(m_tiles, lim) for lim in range(m1, 0, -1)))
-    return sharing_choice(sizes, tasks, cores)[0]
+    return sharing_choice(sizes, lambda b: _tasks(f, m, v, mr, nv_lanes, b, cores), cores)[0]
+
+
+def _tasks(f, m: str, v: str, mr: int, nv_lanes: int, m1: int, cores: int) -> int:
+    """The tasks of :func:`_micro_kernel`'s parallel loop: the other output axes x the m
+    blocks of ``m1`` tiles, x the v blocks where those are few."""
+    n = product(f.extents[x] for x in f.spatial if x not in (m, v)) * \
+        -(-f.extents[m] // (mr * m1))
+    v_blocks = -(-f.extents[v] // nv_lanes)
+    return n * v_blocks if _v_blocks_are_tasks(n, cores) else n
 
 
 def _v_blocks_are_tasks(n_par: int, cores: int) -> bool:
@@ -241,8 +243,12 @@ def _phase_split(sch, name: str, f):
     return None if hit is None else split_by_phase(sch, name, [hit])
 
 
-def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | None = None):
-    """The micro-kernel schedule of contraction ``name`` (optionally fusing ``epilogue``)."""
+def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | None = None,
+                         parts_ok: bool = True):
+    """The micro-kernel schedule of contraction ``name`` (optionally fusing ``epilogue``).
+    Where its tiles are too few tasks for the cores, a reduction axis is split into partial
+    sums first (:func:`_in_partial_sums`; not with an epilogue, nor when ``parts_ok`` is
+    False)."""
     from schedules.patterns.injective import schedule_injective
 
     f = facts[name]
@@ -270,6 +276,11 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
                 (target.l2_kib << 10) // PANEL_BYTES_FRACTION // (4 * k_elems * mr))
     m1 = _blocks_for_cores(f, m, v, mr, nv_lanes, _m_blocks(-(-f.extents[m] // mr), limit),
                            target.cores)
+    if parts_ok and epilogue is None and split is None:
+        tasks = _tasks(f, m, v, mr, nv_lanes, m1, target.cores)
+        parted = _in_partial_sums(sch, name, facts, tasks, target)
+        if parted is not None:
+            return parted
     f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: nv_lanes} if einsum else {})
     s_op, v_op, m, v, transposed = roles(f)
     m_ext = f.extents[m]
@@ -290,6 +301,24 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
             + f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) over "
             f"{m} x {v}, {m1} tiles per L2 block" + (", V packed" if pack is not None else "")
             + (", domain padded to whole tiles" if copies else ""))
+
+
+def _in_partial_sums(sch, name: str, facts: dict, tasks: int, target) -> str | None:
+    """Where ``tasks`` tiles leave cores idle (a user's NHWC conv2d weight gradient, 64 x 64
+    channels and 3 x 3 taps: 144 tiles, 0.75 of 64 cores busy by the static model of
+    dsl/runtime/scaling.py), one of the first two reduction axes split into partial sums
+    (:func:`schedules.patterns.reduction.partial_sums`), each part's tiles tasks of their
+    own, then the parts added. Returns the note, or None (nothing changed)."""
+    from schedules.patterns.reduction import partial_sums, partials_note, sum_partials
+
+    split = partial_sums(sch, name, facts[name], tasks, target)
+    if split is None:
+        return None
+    g, rf, parts, axis = split
+    rf_name = sch.get(rf).name_hint
+    note = schedule_contraction(sch, rf_name, {**facts, rf_name: g}, target, parts_ok=False)
+    sum_partials(sch, name, target)
+    return note + partials_note(parts, axis, "tiles")
 
 
 def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue) -> None:

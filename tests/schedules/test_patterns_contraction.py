@@ -473,16 +473,11 @@ def test_a_tall_l2_block_matches_numpy():
     check(out, an.astype(np.float64) @ bn.astype(np.float64), "float32", "tall block")
 
 
-@pytest.mark.parametrize("cores", [2, 16])
-def test_l2_blocks_shrink_until_the_tasks_share_out(cores):
+def _user_nhwc_dw(h: int, w: int, seed: int):
     """A user's NHWC conv2d weight gradient (``dw[o, ry, rx, c] = sum dy[b, i, j, o] *
-    xpad[b, i + ry, j + rx, c]``, 64 x 64 channels, 3 x 3 taps): the cache's blocks of 8
-    tiles are 18 tasks; on 16 cores the blocks shrink until the tasks keep the cores busy
-    (static model), on 2 they stay. Against numpy float64 either way."""
-    import dsl
-    from dsl.runtime.scaling import predict
-
-    n, h, w, c, k = 1, 9, 8, 64, 64
+    xpad[b, i + ry, j + rx, c]``, 64 x 64 channels, 3 x 3 taps, one image): ``(x, dy, dw,
+    x data, dy data, float64 reference)``."""
+    n, c, k = 1, 64, 64
     x = te.placeholder((n, h, w, c), name="x")
     dy = te.placeholder((n, h, w, k), name="dy")
     xp = te.compute((n, h + 2, w + 2, c), lambda b, i, j, ci: te.if_then_else(
@@ -490,20 +485,54 @@ def test_l2_blocks_shrink_until_the_tasks_share_out(cores):
     b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (h, "i"), (w, "j")))
     dw = te.compute((k, 3, 3, c), lambda o, ry, rx, ci: te.sum(
         dy[b, i, j, o] * xp[b, i + ry, j + rx, ci], axis=[b, i, j]), name="dw")
-    rng = np.random.default_rng(13)
+    rng = np.random.default_rng(seed)
     xn, dyn = rand((n, h, w, c), "float32", rng), rand((n, h, w, k), "float32", rng)
-    tgt = targets.current().with_cores(cores)
-    (out,), why = build_run([dw], [x, dy], [xn, dyn], target=tgt)
     xpn = np.pad(xn.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
     ref = np.stack([np.stack([np.einsum("bijo,bijc->oc", dyn.astype(np.float64),
                                         xpn[:, ry:ry + h, rx:rx + w]) for rx in range(3)], 1)
                     for ry in range(3)], 1)
+    return x, dy, dw, xn, dyn, ref
+
+
+def _share(outs, tensors, cores: int) -> float:
+    """The static model's busy share of ``cores`` for the graph's kernel."""
+    import dsl
+    from dsl.runtime.scaling import predict
+
+    tgt = targets.current().with_cores(cores)
+    mod = dsl.build(dsl.auto_schedule(outs, target=tgt),
+                    {"name": "user_graph", "tensor_list": tensors, "need_build": False})
+    return predict(mod, cores).share
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_l2_blocks_shrink_until_the_tasks_share_out(cores):
+    """:func:`_user_nhwc_dw`: the cache's blocks of 8 tiles are 18 tasks; on 16 cores the
+    blocks shrink until the tasks keep the cores busy (static model), on 2 they stay.
+    Against numpy float64 either way."""
+    x, dy, dw, xn, dyn, ref = _user_nhwc_dw(9, 8, seed=13)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn], target=targets.current().with_cores(cores))
     check(out, ref, "float32")
     blocks = int(re.search(r"(\d+) tiles per L2 block", str(why)).group(1))
-    mod = dsl.build(dsl.auto_schedule([dw], target=tgt),
-                    {"name": "dw_nhwc", "tensor_list": [x, dy, dw], "need_build": False})
-    share = predict(mod, cores).share
+    share = _share([dw], [x, dy, dw], cores)
     if cores == 2:
         assert blocks == 8 and share >= 0.97, (blocks, share)
     else:  # 18 tasks of 8 tiles: 0.56
         assert blocks < 8 and share >= 0.9, (blocks, share)
+
+
+@pytest.mark.parametrize("cores, parts", [(2, 0), (16, 0), (32, 2), (64, 4)])
+def test_too_few_tiles_for_the_cores_sum_rows_in_parts(cores, parts):
+    """:func:`_user_nhwc_dw` of a 56 x 56 image in 144 one-tile tasks (3 x 3 taps x 16 tiles
+    of 4 channels): 3 rounds for 2.25 on 64 cores, 5 for 4.5 on 32. There the image rows
+    split into partial sums, each part's tiles tasks of their own, added after; on 2 and 16
+    cores the tiles share out as they are. (A small image stays whole: its partials, added
+    on one core, would cost more than the idle cores.) Against numpy float64 (built for
+    many cores, run on this machine)."""
+    x, dy, dw, xn, dyn, ref = _user_nhwc_dw(56, 56, seed=14)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn], target=targets.current().with_cores(cores))
+    check(out, ref, "float32", f"{cores} cores")
+    found = re.search(r"(\d+) partial sums over (\w+)", str(why))
+    assert (int(found.group(1)) if found else 0) == parts, str(why)
+    assert found is None or found.group(2).endswith("i")  # the rows, not the batch of 1
+    assert _share([dw], [x, dy, dw], cores) >= 0.9
