@@ -182,9 +182,8 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
     tgt = workload.target
     lanes = tgt.lanes("float32")  # fp16 inputs are widened: the arithmetic is fp32
     p = json.loads(workload.attrs["dsl_params"])
-    cores = tgt.cores
-    cfg = task_loops(plan(p, lanes, accumulator_registers(tgt)), p, lanes,
-                     accumulator_registers(tgt), cores)
+    cores, regs = tgt.cores, accumulator_registers(tgt)
+    cfg = task_loops(plan(p, lanes, regs), p, lanes, regs, cores)
     pad = workload.find(sch, tag.DECONV_DY_PAD)
     acc = workload.find(sch, tag.DECONV_ACC)
     out = workload.find(sch, tag.DECONV_GRAD_FILTER)
@@ -321,10 +320,11 @@ def _phase_tasks(sch, lead: list, n_par: int, p: dict, cfg: dict, cores: int):
     ``k + s`` read the same phase of dy, one row or column apart: it is split into ``(step,
     phase)``, the phase a task loop and the step under the chunk loop, so a task runs all the
     taps of its phase on one read of dy and x instead of each tap streaming them again.
-    Only where the phases alone still give every core a task. Same-process A/B on a lent
-    16-core EMR: dcgan bench layer 1.13x on 16 cores (16 tasks of two taps for 32 of one),
-    1.19x on 4; grouped_g8 1.14x on 16; on 8 cores its 8 (oc, kh) tasks stay (halved, they
-    would leave cores idle)."""
+    Only where the fewer tasks share out over the cores as well (:func:`balance`).
+    Same-process A/B on a lent 16-core EMR: dcgan bench layer 1.13x on 16 cores (16 tasks of
+    two taps for 32 of one), 1.19x on 4; grouped_g8 1.14x on 16; on 8 cores its 8 (oc, kh)
+    tasks stay (halved, they would leave cores idle), as 128 tasks on 48 cores would (64
+    keep 0.67 of them busy, 128 0.89). Not for the row tiles as tasks (the fifth loop)."""
     par, taps = lead[:n_par], lead[n_par:]
     if n_par not in (3, 4):
         return par, taps

@@ -229,7 +229,7 @@ def schedule_inner_reduction(sch, name: str, facts: dict, target) -> str:
     # would leave the run's loads no whole number of vectors
     outside = len(f.reduce) - _contiguous_run(sch, sch.get_sblock(name))
     split = partial_sums(sch, name, f, product(f.extents[v] for v in f.spatial),
-                          target, axes=min(2, outside)) if f.spatial else None
+                         target, axes=min(2, outside)) if f.spatial else None
     if split is None:
         return _inner_nest(sch, name, f, target)
     g, rf, parts, axis = split
@@ -376,7 +376,7 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
     taps = tap_axes(f)
     # the batch only: each part then pads its own images, where rows would pad halos twice
     split = partial_sums(sch, name, f, product(f.extents[v] for v in f.spatial
-                                                if v not in taps), target, axes=1)
+                                               if v not in taps), target, axes=1)
     if split is not None:
         f = split[0]
     blk = sch.get_sblock(name) if split is None else split[1]
