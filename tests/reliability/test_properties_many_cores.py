@@ -2,10 +2,11 @@
 3 to 128 cores, run on this machine, against the float64 references.
 
 A 2-core build never makes what larger core counts choose (dx rows cut into parts, conv2d dw
-reduction chunks, DeconvGradFilter taps and row tiles as tasks, partial sums), and no
-many-core machine runs the tests; a kernel built for any core count runs here on the cores
-there are, so these choices are checked where they are made. DeconvGradFilter is also held
-to its promise of results bit-identical to the 1-core kernel's.
+reduction chunks, DeconvGradFilter taps and row tiles as tasks, the partial sums of the
+reductions and contractions users write), and no many-core machine runs the tests; a kernel
+built for any core count runs here on the cores there are, so these choices are checked
+where they are made. DeconvGradFilter is also held to its promise of results bit-identical
+to the 1-core kernel's.
 """
 
 from __future__ import annotations
@@ -93,3 +94,54 @@ def test_deconv_grad_filter_built_for_many_cores_is_bit_identical(c, cores, seed
     assert np.array_equal(one, many), f"{cores} cores {c}"
     assert_close(many, ref_deconv(dy, x, c["k"], c["s"], c["p"], c["d"], c["g"]), "float32",
                  f"{cores} cores {c}")
+
+
+@st.composite
+def channel_sums(draw):
+    """A per-channel sum users write (a bias or batch-norm gradient) over NHWC or NCHW."""
+    n, h, w = draw(st.integers(1, 8)), draw(st.integers(1, 40)), draw(st.integers(1, 40))
+    return {"shape": (n, h, w), "c": draw(st.integers(1, 80)), "nhwc": draw(st.booleans())}
+
+
+@settings(max_examples=budget(6, 200))
+@given(c=channel_sums(), cores=CORES, seed=st.integers(0, 2**16))
+def test_user_channel_sums_built_for_many_cores_match_reference(c, cores, seed):
+    from pattern_helpers import build_run, check
+    from tvm import te
+
+    (n, h, w), ch = c["shape"], c["c"]
+    shape = (n, h, w, ch) if c["nhwc"] else (n, ch, h, w)
+    dy = te.placeholder(shape, name="dy")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (h, "i"), (w, "j")))
+    at = (lambda k: dy[b, i, j, k]) if c["nhwc"] else (lambda k: dy[b, k, i, j])
+    db = te.compute((ch,), lambda k: te.sum(at(k), axis=[b, i, j]), name="db")
+    dyn = rand(np.random.default_rng(seed), shape, "float32")
+    (out,), _ = build_run([db], [dy], [dyn], target=_many(cores))
+    axes = (0, 1, 2) if c["nhwc"] else (0, 2, 3)
+    check(out, dyn.astype(np.float64).sum(axes), "float32", f"{cores} cores {c}")
+
+
+@settings(max_examples=budget(4, 100))
+@given(c=st.integers(1, 72), k=st.integers(1, 72), h=st.integers(3, 40), cores=CORES,
+       seed=st.integers(0, 2**16))
+def test_user_nhwc_conv2d_dw_built_for_many_cores_matches_reference(c, k, h, cores, seed):
+    """``dw[o, ry, rx, ci] = sum dy[b, i, j, o] * xpad[b, i + ry, j + rx, ci]`` (3 x 3, pad
+    1): its tiles split into partial sums over the rows where they are too few tasks."""
+    from pattern_helpers import build_run, check
+    from tvm import te
+
+    x = te.placeholder((1, h, h, c), name="x")
+    dy = te.placeholder((1, h, h, k), name="dy")
+    xp = te.compute((1, h + 2, h + 2, c), lambda b, i, j, ci: te.if_then_else(
+        te.all(i >= 1, i <= h, j >= 1, j <= h), x[b, i - 1, j - 1, ci], 0.0), name="pad")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((1, "b"), (h, "i"), (h, "j")))
+    dw = te.compute((k, 3, 3, c), lambda o, ry, rx, ci: te.sum(
+        dy[b, i, j, o] * xp[b, i + ry, j + rx, ci], axis=[b, i, j]), name="dw")
+    rng = np.random.default_rng(seed)
+    xn, dyn = rand(rng, (1, h, h, c), "float32"), rand(rng, (1, h, h, k), "float32")
+    (out,), _ = build_run([dw], [x, dy], [xn, dyn], target=_many(cores))
+    xpn = np.pad(xn.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref = np.stack([np.stack([np.einsum("bijo,bijc->oc", dyn.astype(np.float64),
+                                        xpn[:, ry:ry + h, rx:rx + h]) for rx in range(3)], 1)
+                    for ry in range(3)], 1)
+    check(out, ref, "float32", f"{cores} cores c={c} k={k} h={h}")
