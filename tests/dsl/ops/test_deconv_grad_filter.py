@@ -395,17 +395,23 @@ def test_taps_of_one_dy_phase_share_a_task(cores, tasks):
     # 4 kh x 2 column phases, each task both taps of its phase (32 one-tap tasks before);
     # 8 cores: 2 x 4 kh tasks would halve below the cores, so the taps stay as they were;
     # 4 cores: 2 oc x 2 kh phases
-    c = DCGAN_SMALL
     script = _dcgan_small(cores)[1].mod.script()
     assert f"in T.parallel({tasks}):" in script, script
+    _agrees_with_one_core(DCGAN_SMALL, cores, seed=8)
+
+
+def _agrees_with_one_core(c, cores: int, seed: int) -> None:
+    """Where this machine runs them: the kernel for ``cores`` gives the 1-core kernel's bits,
+    and the float64 reference's values."""
     host = targets.current()
-    if targets.runnable(host):
-        dy_v, x_v = data(c, "float32", seed=8)
-        one = kernel_for(c, "float32", host.with_cores(1))(dy_v, x_v)
-        many = kernel_for(c, "float32", host.with_cores(cores))(dy_v, x_v)
-        assert np.array_equal(one, many)
-        assert_close(one, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
-                     "float32", case_id(c))
+    if not targets.runnable(host):
+        return
+    dy_v, x_v = data(c, "float32", seed=seed)
+    one = kernel_for(c, "float32", host.with_cores(1))(dy_v, x_v)
+    many = kernel_for(c, "float32", host.with_cores(cores))(dy_v, x_v)
+    assert np.array_equal(one, many), cores
+    assert_close(one, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]), "float32",
+                 case_id(c))
 
 
 @pytest.mark.parametrize("cores,tasks,lead", [
@@ -430,14 +436,7 @@ def test_row_tiles_become_tasks_where_the_blocks_are_too_few(cores, tasks, lead)
     assert f"in T.parallel({tasks}):" in sch.mod.script()
     notes = {b: w for b, _, w in kernel.decisions}
     assert ("ic tiles tasks of their own" in notes["dw_acc"]) == (lead == 5), notes
-    host = targets.current()
-    if targets.runnable(host):  # the tasks regroup the outputs, not any output's sum
-        dy_v, x_v = data(c, "float32", seed=9)
-        one = kernel_for(c, "float32", host.with_cores(1))(dy_v, x_v)
-        many = kernel_for(c, "float32", host.with_cores(cores))(dy_v, x_v)
-        assert np.array_equal(one, many)
-        assert_close(many, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
-                     "float32", case_id(c))
+    _agrees_with_one_core(c, cores, seed=9)  # the tasks regroup outputs, not any sum
 
 
 @pytest.mark.parametrize("cores,tasks", [(8, 24), (16, 48)])
