@@ -247,9 +247,10 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
                          parts_ok: bool = True):
     """The micro-kernel schedule of contraction ``name`` (optionally fusing ``epilogue``).
     Where its tiles are too few tasks for the cores, a reduction axis is split into partial
-    sums first (:func:`_in_partial_sums`; not with an epilogue, nor when ``parts_ok`` is
-    False)."""
+    sums first (:func:`schedules.patterns.reduction.in_partial_sums`; not with an epilogue,
+    nor when ``parts_ok`` is False)."""
     from schedules.patterns.injective import schedule_injective
+    from schedules.patterns.reduction import in_partial_sums
 
     f = facts[name]
     split = None
@@ -277,10 +278,15 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     m1 = _blocks_for_cores(f, m, v, mr, nv_lanes, _m_blocks(-(-f.extents[m] // mr), limit),
                            target.cores)
     if parts_ok and epilogue is None and split is None:
-        tasks = _tasks(f, m, v, mr, nv_lanes, m1, target.cores)
-        parted = _in_partial_sums(sch, name, facts, tasks, target)
-        if parted is not None:
-            return parted
+        # too few tiles for the cores (a user's NHWC conv2d dw, 64 x 64 channels, 3 x 3
+        # taps: 144, 0.75 of 64 cores by the static model of dsl/runtime/scaling.py): each
+        # part's tiles tasks of their own
+        note = in_partial_sums(sch, name, f, _tasks(f, m, v, mr, nv_lanes, m1, target.cores),
+                               target, lambda part, g: schedule_contraction(
+                                   sch, part, {**facts, part: g}, target, parts_ok=False),
+                               "tiles")
+        if note is not None:
+            return note
     f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: nv_lanes} if einsum else {})
     s_op, v_op, m, v, transposed = roles(f)
     m_ext = f.extents[m]
@@ -301,24 +307,6 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
             + f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) over "
             f"{m} x {v}, {m1} tiles per L2 block" + (", V packed" if pack is not None else "")
             + (", domain padded to whole tiles" if copies else ""))
-
-
-def _in_partial_sums(sch, name: str, facts: dict, tasks: int, target) -> str | None:
-    """Where ``tasks`` tiles leave cores idle (a user's NHWC conv2d weight gradient, 64 x 64
-    channels and 3 x 3 taps: 144 tiles, 0.75 of 64 cores busy by the static model of
-    dsl/runtime/scaling.py), one of the first two reduction axes split into partial sums
-    (:func:`schedules.patterns.reduction.partial_sums`), each part's tiles tasks of their
-    own, then the parts added. Returns the note, or None (nothing changed)."""
-    from schedules.patterns.reduction import partial_sums, partials_note, sum_partials
-
-    split = partial_sums(sch, name, facts[name], tasks, target)
-    if split is None:
-        return None
-    g, rf, parts, axis = split
-    rf_name = sch.get(rf).name_hint
-    note = schedule_contraction(sch, rf_name, {**facts, rf_name: g}, target, parts_ok=False)
-    sum_partials(sch, name, target)
-    return note + partials_note(parts, axis, "tiles")
 
 
 def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue) -> None:

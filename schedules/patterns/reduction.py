@@ -222,20 +222,16 @@ def schedule_inner_reduction(sch, name: str, facts: dict, target) -> str:
     """A reduction over the innermost axis on its own: rows across cores, rfactor inside.
     Where the rows are too few tasks for the cores (a batch-norm weight gradient's 64
     channels on 48 cores), the outer reduction axes split into partial sums first
-    (:func:`partial_sums`), each part's rows tasks, the parts added after
-    (:func:`sum_partials`)."""
+    (:func:`_partial_sums`), each part's rows tasks, the parts added after
+    (:func:`_sum_partials`)."""
     f = facts[name]
     # the axes outside the contiguous run that rfactor_inner vectorises: a split inside it
     # would leave the run's loads no whole number of vectors
     outside = len(f.reduce) - _contiguous_run(sch, sch.get_sblock(name))
-    split = partial_sums(sch, name, f, product(f.extents[v] for v in f.spatial),
-                         target, axes=min(2, outside)) if f.spatial else None
-    if split is None:
-        return _inner_nest(sch, name, f, target)
-    g, rf, parts, axis = split
-    detail = _inner_nest(sch, sch.get(rf).name_hint, g, target)
-    sum_partials(sch, name, target)
-    return detail + partials_note(parts, axis, "rows")
+    note = in_partial_sums(sch, name, f, product(f.extents[v] for v in f.spatial), target,
+                           lambda part, g: _inner_nest(sch, part, g, target), "rows",
+                           axes=min(2, outside)) if f.spatial else None
+    return note if note is not None else _inner_nest(sch, name, f, target)
 
 
 def _inner_nest(sch, name: str, f, target) -> str:
@@ -271,21 +267,20 @@ def schedule_outer_reduction(sch, name: str, facts: dict, target) -> str | None:
     in registers across the whole reduction, the other output axes across cores. Where
     those tiles are fewer tasks than the cores (a bias gradient's 64 channels are 2 tiles,
     for 16 cores), the outer reduction axes split into partial sums first
-    (:func:`partial_sums`), each part a task, added after (:func:`sum_partials`)."""
+    (:func:`_partial_sums`), each part a task, added after (:func:`_sum_partials`)."""
     f = facts[name]
     if not f.spatial:
         raise ValueError("no spatial axis to vectorise")
     tile, _ = _outer_tile(target, f)
     tasks = product(f.extents[v] for v in f.spatial[:-1]) * -(-f.extents[f.spatial[-1]] // tile)
-    split = partial_sums(sch, name, f, tasks, target)
-    if split is None:
+    def nest(part: str, g) -> str:
+        _outer_tile_nest(sch, sch.get_sblock(part), g, target)
+        return f"{tile}-lane tiles of {f.spatial[-1]} in registers across the reduction"
+
+    note = in_partial_sums(sch, name, f, tasks, target, nest, "tiles")
+    if note is None:
         _outer_tile_nest(sch, sch.get_sblock(name), f, target)
-        return None
-    g, rf, parts, axis = split
-    _outer_tile_nest(sch, rf, g, target)
-    sum_partials(sch, name, target)
-    return (f"{tile}-lane tiles of {f.spatial[-1]} in registers across the reduction"
-            + partials_note(parts, axis, "tiles"))
+    return note
 
 
 def _outer_tile(target, f) -> tuple[int, int]:
@@ -375,8 +370,8 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
         raise ValueError(f"{f.reduce[-1]} is no whole number of vectors")
     taps = tap_axes(f)
     # the batch only: each part then pads its own images, where rows would pad halos twice
-    split = partial_sums(sch, name, f, product(f.extents[v] for v in f.spatial
-                                               if v not in taps), target, axes=1)
+    split = _partial_sums(sch, name, f, product(f.extents[v] for v in f.spatial
+                                                if v not in taps), target, axes=1)
     if split is not None:
         f = split[0]
     blk = sch.get_sblock(name) if split is None else split[1]
@@ -400,10 +395,10 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
         if copy not in inside:
             schedule_injective(sch, copy, target)
     if split is not None:
-        sum_partials(sch, name, target)
+        _sum_partials(sch, name, target)
     return Detail(f"{width}-lane partial sums of each tap {taps} in registers across the "
                   f"reduction, rfactor along {f.reduce[-1]}"
-                  + (partials_note(*split[2:], "rows") if split is not None else "")
+                  + (_partials_note(*split[2:], "rows") if split is not None else "")
                   + (f", the strided {', '.join(copies)} re-laid by phase" if copies else "")
                   + (f", {', '.join(inside)} computed per row" if inside else ""),
                   also=[m for m in inside if m not in copies])
@@ -427,7 +422,7 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
         nv -= 1
     tasks = n // (nv * lanes) * product(f.extents[v] for v in f.spatial
                                         if v not in taps and v != along)
-    split = partial_sums(sch, name, f, tasks, target)
+    split = _partial_sums(sch, name, f, tasks, target)
     if split is not None:
         f, blk = split[:2]
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
@@ -447,15 +442,31 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
     inside = [m for r in f.reads
               for m in producers_inside(sch, blk, r.buffer, red[0], target)]
     if split is not None:
-        sum_partials(sch, name, target)
+        _sum_partials(sch, name, target)
     return Detail(f"{nv} x {lanes}-lane vectors of {along} for each of the {n_taps} taps "
                   f"{taps} in registers across the reduction, blocks of {along} across cores"
-                  + (partials_note(*split[2:], "blocks") if split is not None else "")
+                  + (_partials_note(*split[2:], "blocks") if split is not None else "")
                   + (f", {', '.join(inside)} computed per {f.reduce[0]}" if inside else ""),
                   also=inside)
 
 
-def partial_sums(sch, name: str, f, tasks: int, target, axes: int = 2):
+def in_partial_sums(sch, name: str, f, tasks: int, target, nest, what: str,
+                    axes: int = 2) -> str | None:
+    """Block ``name`` (facts ``f``) in partial sums where its ``tasks`` leave cores idle
+    (:func:`_partial_sums`): ``nest(partial-sum block's name, its facts)`` schedules the
+    parts and returns their note, then the parts are added (:func:`_sum_partials`).
+    ``what``: the tasks it had, for the note. Returns the note, or None (nothing changed:
+    the caller schedules ``name`` whole)."""
+    split = _partial_sums(sch, name, f, tasks, target, axes)
+    if split is None:
+        return None
+    g, rf, parts, axis = split
+    note = nest(sch.get(rf).name_hint, g)
+    _sum_partials(sch, name, target)
+    return note + _partials_note(parts, axis, what)
+
+
+def _partial_sums(sch, name: str, f, tasks: int, target, axes: int = 2):
     """Where ``tasks`` blocks of output do not share out over the cores (an NHWC depthwise
     weight gradient's 64 channels are 4 blocks, for 16 cores; an NCHW one's 64 channel rows
     leave a third of 48 cores idle), one of the first ``axes`` reduction axes (the batch,
@@ -495,7 +506,7 @@ def partial_sums(sch, name: str, f, tasks: int, target, axes: int = 2):
 def partial_sum_time(work: int, out: int, tasks: int, parts: int, cores: int) -> float:
     """A reduction's time in element steps, its ``work`` elements in ``tasks x parts`` equal
     tasks run in rounds over ``cores``, then the ``parts`` partials of each of its ``out``
-    output elements added on one core (:func:`sum_partials`). More parts fill the last
+    output elements added on one core (:func:`_sum_partials`). More parts fill the last
     round better and cost a longer sum: the 32 tiles of a layer-norm gamma gradient (8192 x
     1024) on 48 cores in 64 parts keep 0.58 of them busy (by the scaling model; the sum of
     64 x 1024 partials serial), in the 4 this estimate picks 0.85."""
@@ -503,13 +514,13 @@ def partial_sum_time(work: int, out: int, tasks: int, parts: int, cores: int) ->
     return -(-n // cores) * work / n + (parts * out if parts > 1 else 0)
 
 
-def partials_note(parts: int, axis: str, what: str) -> str:
-    """The rule's note on :func:`partial_sums`' split (``what``: the tasks it had)."""
+def _partials_note(parts: int, axis: str, what: str) -> str:
+    """The rule's note on :func:`_partial_sums`' split (``what``: the tasks it had)."""
     return f", {parts} partial sums over {axis} ({what} too few for the cores), added after"
 
 
-def sum_partials(sch, name: str, target) -> None:
-    """The sum of :func:`partial_sums`' parts: vectors along the innermost axis, the
+def _sum_partials(sch, name: str, target) -> None:
+    """The sum of :func:`_partial_sums`' parts: vectors along the innermost axis, the
     parts added in registers."""
     blk = sch.get_sblock(name)
     *spatial, parts = sch.get_loops(blk)
