@@ -94,22 +94,35 @@ def _rows_fuse_into_vectors(sch, blk, loops, lanes: int) -> bool:
                if indexed_by(acc, pair))
 
 
-def padded_rows(sch, blk, target) -> bool:
+def _binds_last(sch, loop, block) -> bool:
+    """The innermost loop ``loop`` runs the block's last iterator from 0: it spans that
+    iterator's whole domain, or (under ``compute_at``, a consumer reading fewer columns than
+    a row's pitch) is bound to it as it is."""
+    import tvm
+
+    if extent(sch, loop) == int(block.iter_vars[-1].dom.extent):
+        return True
+    realize = sch.get(loop).body
+    return isinstance(realize, tvm.s_tir.SBlockRealize) and \
+        realize.iter_values[-1].same_as(sch.get(loop).loop_var)
+
+
+def padded_rows(sch, blk, target, min_interior: int = 0) -> bool:
     """A padding stage (``P[.., j] = if_then_else(lo <= j < hi and .., x[.., j - lo], 0)``)
     whose rows are no whole number of vectors (56 columns padded to 58): its innermost loop
     partitioned at the pad's bounds, the interior (where the test is gone) in parts of whole
     vectors, each vectorised whole (s_tir splits no loop that starts above 0), the borders
     plain. Vectorised as usual, every vector held the test and a tail guard and LLVM copied
     the rows one element at a time: 8x64x56x56 padded by 1, 0.44 ms on one Zen 4 core, twice
-    the time of rows that are whole vectors. Returns False (nothing changed) elsewhere."""
+    the time of rows that are whole vectors. ``min_interior``: the shortest interior split
+    off (default a vector's lanes). Returns False (nothing changed) elsewhere."""
     from schedules.toolbox import PAD_PARTS, leaf_blocks
     from schedules.zero_taps import pad_bounds
 
     block = sch.get(blk)
     loops = sch.get_loops(blk)
-    # the innermost loop spans the last iterator's whole domain (also under compute_at)
     if not loops or not block.iter_vars or not hasattr(block.body, "indices") or \
-            extent(sch, loops[-1]) != int(block.iter_vars[-1].dom.extent):
+            not _binds_last(sch, loops[-1], block):
         return False
     last = block.iter_vars[-1].var
     dims = [k for k, ix in enumerate(block.body.indices) if ix.same_as(last)]
@@ -119,7 +132,8 @@ def padded_rows(sch, blk, target) -> bool:
         return False
     lo, hi = max(0, lo or 0), min(n, n if hi is None else hi)
     inner = hi - lo
-    if inner < lanes or (lo, hi) == (0, n):  # no border along the row: nothing to split off
+    # too short to split off, or no border along the row
+    if inner < (min_interior or lanes) or (lo, hi) == (0, n):
         return False
     width = next((w for w in (lanes, lanes // 2, lanes // 4)
                   if w and inner % w == 0 and inner // w <= PAD_PARTS), inner)

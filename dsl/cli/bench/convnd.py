@@ -72,6 +72,9 @@ LAYERS = [
     Layer("conv_transpose2d_up2_c128_c64_28", 2, 128, 64, (28, 28), 4, 2, 1, transposed=True),
     # examples/train_cnn.py's grouped layer: 2 input and 4 output channels per group
     Layer("grouped_conv2d_g4_c8_c16_8", 256, 8, 16, (8, 8), 3, 1, 1, groups=4),
+    # MobileNet's depthwise layers as dsl.pytorch runs them (NCHW, one channel per group)
+    Layer("depthwise_c64_56_k3", 8, 64, 64, (56, 56), 3, 1, 1, groups=64),
+    Layer("depthwise_c144_56_k3s2", 8, 144, 144, (56, 56), 3, 2, 1, groups=144),
 ]
 
 
