@@ -29,14 +29,17 @@ grouped vector of channels is split by a divisor of the channels per group, so i
 straddles two groups (one broadcast scalar per vector instead of a gather). An expanded pack
 writes each source scalar as one broadcast per group.
 
-Exact depthwise, stride 1 (the ``nc_*`` stages): dx takes a register tile of whole vectors
+Exact depthwise (the ``nc_*`` stages): dx takes a register tile of whole vectors
 along the innermost spatial axis (and rows of the next axis, until the tile has enough
 independent accumulators), every tap across the tile, and writes grad_input (cast) straight
 from it; dw keeps the innermost output positions in vector lanes (``rfactor``) and the partial
 sums of every tap in registers across the whole reduction of a channel. Each task (an
 ``(n, c)`` plane for dx, a channel for dw) pads its own part of the operand first, so the
 padded copy is made in cache instead of as a separate pass over memory (dx of a 8x64x56x56
-3x3 layer: 2.5 -> 1.5-1.8 ms on the 2-core Zen 3).
+3x3 layer: 2.5 -> 1.5-1.8 ms on the 2-core Zen 3). A strided layer's row reads dy, the taps
+and x out of lane order; its task loops are marked for :mod:`dsl.runtime.lane_shuffle_pass`,
+which makes those gathers window loads and shuffles (8x144x56x56 3x3 stride 2 on one Zen 4
+core, against the channel-last stages: dx 5.2 -> 1.3 ms, dw 5.0 -> 2.1 ms).
 
 Packs and the layout-restoring outputs are elementwise: channel (or spatial) innermost split by
 the vector width and vectorised, outer loops fused and parallel. Where a dx task's block of
@@ -58,6 +61,7 @@ from dataclasses import dataclass
 
 from dsl.ops import tag
 from dsl.ops.convolution_backward import NC_LANES, NC_ROW
+from dsl.runtime.lane_shuffle_pass import KEY
 from schedules import register
 from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.patterns.injective import padded_rows
@@ -657,10 +661,10 @@ for _tag in (tag.CB_GRAD_INPUT, tag.CB_GRAD_WEIGHT, tag.CB_GRAD_BIAS):
     register(_tag, "x86")(schedule_convolution_backward)
 
 
-# --- exact depthwise, stride 1, in NC* (dsl.ops.convolution_backward._build_nc_depthwise) ----
+# --- exact depthwise, in NC* (dsl.ops.convolution_backward._build_nc_depthwise) -------------
 
 def _schedule_nc_depthwise(sch, workload) -> set:
-    """The NC* stages (exact depthwise, stride 1); each pad is computed inside its consumer's
+    """The NC* stages (exact depthwise); each pad is computed inside its consumer's
     parallel task (one plane or one channel), so the padded copy stays in cache. Returns the
     output tags already written."""
     done = set()
@@ -709,6 +713,11 @@ def _nc_dx(sch, workload, block) -> str:
     sch.vectorize(sch.get_loops(wb)[-1])
     plane = parallel(sch, rows[:2], tgt.cores)  # one (n, c) plane per task
     _pad_at(sch, workload, tag.CB_NC_Y_PAD, plane)
+    w_taps = workload.find(sch, tag.CB_NC_W_PAD)
+    workload.note(sch.get(w_taps).name_hint, RULE, "the channel's taps, in each task")
+    sch.compute_at(w_taps, plane, preserve_unit_loops=True)
+    # a strided row's lanes read dy and the taps out of order: window loads and shuffles
+    sch.annotate(plane, KEY, 1)
     init = sch.decompose_reduction(block, taps[0])
     sch.vectorize(sch.get_loops(init)[-1])
     return (f"NC* depthwise dx: {nr} x {nv} x {vf} outputs per register tile, each tap "
@@ -747,6 +756,7 @@ def _nc_dw(sch, workload, block) -> str:
         sch.unroll(tap)
     parallel(sch, [rf_loops[0]], tgt.cores)
     _pad_at(sch, workload, tag.CB_NC_X_PAD, rf_loops[0])  # one channel per task
+    sch.annotate(rf_loops[0], KEY, 1)  # a strided row's lanes read x every s-th element
     init = sch.decompose_reduction(rf, rf_loops[1])
     sch.vectorize(sch.get_loops(init)[-1])
     return (f"NC* depthwise dw: channels across cores, {width} output positions in lanes "

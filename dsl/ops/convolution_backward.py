@@ -90,16 +90,22 @@ Stages (schedules find them by tag ``convolution_backward.<stage>``)
 ``dw_acc``  fp32 ``[*k, Cy, Cx_g]``.  ``db_acc``  fp32 ``[C]``.
 ``grad_input`` / ``grad_weight`` / ``grad_bias``  the outputs (back to plain layout, cast).
 
-Exact depthwise, stride 1 (``Plan.nc_depthwise``)
--------------------------------------------------
+Exact depthwise (``Plan.nc_depthwise``)
+---------------------------------------
 When every channel is its own group on both sides (``groups == Cin == Cout``), the layer is not
-transposed, every stride is 1 and the output rows are whole 4-float vectors, each channel is an
-independent convolution: vectors along the innermost spatial axis need no channel-last layout,
-so the kernel skips the packs and the layout-restoring transposes (two copies of each tensor):
+transposed, no stride shares a factor with its dilation (so every dx tap of a position is in
+one stride phase) and dy's rows are whole 4-float vectors, each channel is an independent
+convolution: vectors along the innermost spatial axis need no channel-last layout, so the
+kernel skips the packs and the layout-restoring transposes (two copies of each tensor):
 ``nc_y_pad`` (dy zero-padded for dx's taps, NC*, rows padded to ``NC_ROW`` floats),
-``nc_x_pad`` (x padded likewise), ``nc_dx_acc [N, C, *in]`` (``sum_j y_pad[n, c, i + off -
-j*d] * w[c, 0, j]``) and ``nc_dw_acc [C, *k]`` (``sum_{n,o} dy[n, c, o] * x_pad[n, c, o +
-k*d]``). Strided or multiplier > 1 depthwise layers keep the channel-last stages.
+``nc_x_pad`` (x padded likewise), ``nc_w_pad [C, *padded_kernel]`` (the taps, zero taps
+rounding a strided kernel up to whole phases), ``nc_dx_acc [N, C, *in]`` (``sum_j
+y_pad[n, c, row(i, j)] * w_pad[c, k(i, j)]``, the stride-phase gather of
+:meth:`dsl.conv_geometry.ConvAxis.dx_taps`) and ``nc_dw_acc [C, *k]`` (``sum_{n,o} dy[n, c, o]
+* x_pad[n, c, o*s + k*d]``). Strided, a row's lanes read dy twice each (``(i + pad) // s``),
+the taps in turn (``(i + pad) % s``) and x every s-th element: the schedule marks those loops
+for :mod:`dsl.runtime.lane_shuffle_pass`. Multiplier > 1 depthwise layers keep the
+channel-last stages.
 
 Expanded packs (grouped, few channels per group)
 ------------------------------------------------
@@ -298,11 +304,11 @@ class Plan:
 
     @property
     def nc_depthwise(self) -> bool:
-        """Exact depthwise (each channel its own group, both sides), not transposed, stride 1,
-        output rows of whole 4-float vectors: computed in the NC* layout (``nc_*`` stages), no
-        channel-last packs or transposes."""
+        """Exact depthwise (each channel its own group, both sides), not transposed, no stride
+        sharing a factor with its dilation, dy rows of whole 4-float vectors: computed in the
+        NC* layout (``nc_*`` stages), no channel-last packs or transposes."""
         return (self.groups > 1 and self.cx == self.groups and self.cy == self.groups
-                and not self.transposed and all(s == 1 for s in self.stride)
+                and not self.transposed and all(a.tap_step == a.stride for a in self.axes)
                 and self.axes[-1].n_out % NC_LANES == 0)
 
     @property
@@ -755,7 +761,7 @@ def _pad_pack(p: Plan, t, offsets, sizes, valid, channels: tuple[int, ...], sour
     return te.compute((p.input_shape[0], *shape), body, name=name, tag=tag.stage(TAG, stage))
 
 
-# --- exact depthwise, stride 1: NC* throughout ---------------------------------------------
+# --- exact depthwise: NC* throughout --------------------------------------------------------
 
 def _build_nc_depthwise(p: Plan, grad_output, input, weight, attrs, fb):  # noqa: A002
     """Each channel is its own convolution: vectors along the innermost spatial axis need no
@@ -786,10 +792,10 @@ def _pitch(sizes: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _grad_input_nc(p: Plan, yp, grad_output, weight, attrs, fb):
-    """``nc_dx_acc [N, C, *in]``: ``sum_j y_pad[n, c, row(i, j)] * w[c, 0, k(j)]`` (stride 1:
-    tap ``j`` is kernel tap ``k = j``, its row affine in ``i``), then cast. Its exact twin
-    reads ``grad_output`` itself: the pad is computed inside the fast tile's task, so it
-    can have no second reader."""
+    """``nc_dx_acc [N, C, *in]``: ``sum_j y_pad[n, c, row(i, j)] * w_pad[c, k(i, j)]`` (the
+    stride-phase gather of ``dx_taps``; stride 1: tap ``j`` is kernel tap ``k = j``, its row
+    affine in ``i``), then cast. Its exact twin reads ``grad_output`` and ``weight`` themselves:
+    the pads are computed inside the fast tile's task, so they can have no second reader."""
     from tvm import te
 
     axes, w_dtype, cmt = p.axes, str(weight.dtype), p.cube_math_type
@@ -799,22 +805,52 @@ def _grad_input_nc(p: Plan, yp, grad_output, weight, attrs, fb):
 
         def body(b, c, *i):
             taps = [a.dx_taps(ii, j) for ii, j, a in zip(i, jr, axes)]
-            w = _operand(weight[(c, 0, *(k for k, _, _ in taps))], w_dtype, cmt, p.acc_dtype)
             if exact:
+                ks = _in_kernel([k for k, _, _ in taps], axes)
+                w = _operand(weight[(c, 0, *ks)], w_dtype, cmt, p.acc_dtype)
                 rows = [clamp_index(row - a.dy_pad_before, a.n_out) for (_, row, _), a in
                         zip(taps, axes)]
                 y = _operand(grad_output[(b, c, *rows)], str(grad_output.dtype), cmt,
                              p.acc_dtype)
                 return te.sum(_guard(_real_y(p, taps), y * w, p.acc_dtype), axis=jr)
-            prod = yp[(b, c, *(row for _, row, _ in taps))] * w
+            prod = yp[(b, c, *(row for _, row, _ in taps))] * wp[(c, *(k for k, _, _ in taps))]
             return te.sum(prod, axis=jr)
         return body
+
+    wp = _nc_weight_taps(p, weight)
 
     acc = fb.acc(0, tag.CB_NC_DX_ACC, (p.input_shape[0], p.cx, *(a.n_in for a in axes)),
                  make_body, "cb_nc_dx_acc")
     gi_dtype = p.out_dtypes[0]
     return te.compute(p.input_shape, lambda *idx: acc[idx].astype(gi_dtype),
                       name="grad_input", tag=tag.stage(TAG, "grad_input"), attrs=attrs)
+
+
+def _nc_weight_taps(p: Plan, weight):
+    """``nc_w_pad [C, *padded_kernel]``: the weight as dx's taps read it, rounded, with the
+    zero taps that round a strided kernel up to whole stride phases (a tiny stage: the taps
+    of a lane's phase then need no bounds test in the vector loop)."""
+    from tvm import te
+
+    axes, w_dtype, cmt = p.axes, str(weight.dtype), p.cube_math_type
+
+    def body(c, *k):
+        ok = _all([kk < a.kernel for kk, a in zip(k, axes) if a.padded_kernel != a.kernel])
+        return _guard(ok, _operand(weight[(c, 0, *_in_kernel(k, axes))], w_dtype, cmt,
+                                   p.acc_dtype),
+                      p.acc_dtype)
+
+    return te.compute((p.cx, *(a.padded_kernel for a in axes)), body, name="cb_nc_w_pad",
+                      tag=tag.CB_NC_W_PAD)
+
+
+def _in_kernel(ks, axes) -> list:
+    """Taps ``ks`` of kernels padded to whole stride phases clamped into the real kernel, so
+    a read that a select discards stays in bounds."""
+    from tvm import te
+
+    return [te.min(k, a.kernel - 1) if a.padded_kernel != a.kernel else k
+            for k, a in zip(ks, axes)]
 
 
 def _grad_weight_nc(p: Plan, grad_output, xp, input, attrs, fb):  # noqa: A002
@@ -830,7 +866,7 @@ def _grad_weight_nc(p: Plan, grad_output, xp, input, attrs, fb):  # noqa: A002
 
         def body(c, *k):
             dy = _operand(grad_output[(rn, c, *orr)], go_dtype, cmt, p.acc_dtype)
-            xpos = [oo + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
+            xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip(orr, k, axes)]
             if exact:
                 src = [clamp_index(q - a.pad_before, a.n_in) for q, a in zip(xpos, axes)]
                 x = _operand(input[(rn, c, *src)], str(input.dtype), cmt, p.acc_dtype)

@@ -185,22 +185,25 @@ COMPILE_CONFIG = {"tirx.UnrollLoop": {"auto_max_depth": 0}}
 
 
 # Our passes after TVM's own lowering (the name changes the cache key: they change the code).
-PIPELINE = "dsl.default+gather_to_shuffles"
+PIPELINE = "dsl.default+gather_to_shuffles+lane_shuffles"
 
 
 def _register_pipeline() -> str:
     """TVM's default pipeline (the one ``tvm.compile`` runs when none is named: its
-    ``s_tir`` pipeline in 0.27), then :func:`dsl.runtime.transpose_pass.transpose_pass`,
-    registered (once) under :data:`PIPELINE`."""
+    ``s_tir`` pipeline in 0.27), then :func:`dsl.runtime.transpose_pass.transpose_pass` and
+    :func:`dsl.runtime.lane_shuffle_pass.lane_shuffle_pass`, registered (once) under
+    :data:`PIPELINE`."""
     import tvm
     from tvm.tirx import compilation_pipeline as pipelines
 
+    from dsl.runtime.lane_shuffle_pass import lane_shuffle_pass
     from dsl.runtime.transpose_pass import transpose_pass
 
     if PIPELINE not in pipelines.PIPELINE_MAP:
         def factory():
             base, host, device = pipelines.get_tir_pipeline("default")
-            return tvm.transform.Sequential([base, transpose_pass()]), host, device
+            ours = [transpose_pass(), lane_shuffle_pass()]
+            return tvm.transform.Sequential([base, *ours]), host, device
 
         pipelines.register_tir_pipeline(PIPELINE, factory)
     return PIPELINE
@@ -210,9 +213,10 @@ def _register_pipeline() -> str:
 def pipeline_key() -> dict:
     """:data:`PIPELINE` and a hash of our passes' source: a cache key part (an edit to a pass
     changes the code of kernels whose TIR did not change)."""
-    from dsl.runtime import transpose_pass
+    from dsl.runtime import lane_shuffle_pass, transpose_pass
 
-    return {"name": PIPELINE, "passes": sha256_file(Path(transpose_pass.__file__))}
+    return {"name": PIPELINE, "passes": [sha256_file(Path(m.__file__))
+                                         for m in (transpose_pass, lane_shuffle_pass)]}
 
 
 def compile_module(mod, target):

@@ -306,24 +306,38 @@ NC_CASES = [  # (x shape, kernel, padding (before, after) per axis, dilation): e
 ]
 
 
-def _nc_case(xs, k, pads, dil):
-    out_sp = [n + pb + pa - (kk - 1) * d for n, kk, (pb, pa), d in zip(xs[2:], k, pads, dil)]
+NC_STRIDED = [  # (x shape, kernel, padding, dilation, stride): rows of dy whole 4-vectors
+    ((2, 4, 8, 15), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2)),  # odd row of 15, zero taps
+    ((2, 3, 16, 16), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2)),  # MobileNet's stride 2
+    ((2, 5, 24), (5,), ((2, 2),), (1,), (3,)),  # 1-D, stride 3, 5 taps in 2 phases of 3
+    ((1, 3, 4, 6, 16), (3, 3, 3), ((1, 1),) * 3, (1, 1, 1), (1, 2, 2)),  # 3-D
+    ((2, 4, 9, 16), (3, 3), ((3, 3), (3, 3)), (3, 3), (2, 2)),  # dilation 3 with stride 2
+    ((2, 4, 9, 15), (3, 2), ((2, 0), (0, 1)), (1, 1), (2, 2)),  # asymmetric, even kernel
+]
+
+
+def _nc_case(xs, k, pads, dil, stride=None):
+    stride = stride or [1] * len(k)
+    out_sp = [(n + pb + pa - (kk - 1) * d - 1) // s + 1
+              for n, kk, (pb, pa), d, s in zip(xs[2:], k, pads, dil, stride)]
     return (xs[0], xs[1], *out_sp), (xs[1], 1, *k)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("c", NC_CASES, ids=range(len(NC_CASES)))
-def test_exact_depthwise_stride_1_runs_in_nc_layout(c, dtype):
-    """Exact depthwise, stride 1, output rows of whole 4-float vectors: NC* stages only (no
-    channel-last pack or transpose), every gradient equal to the float64 reference."""
+@pytest.mark.parametrize("c", NC_CASES + NC_STRIDED, ids=range(len(NC_CASES + NC_STRIDED)))
+def test_exact_depthwise_runs_in_nc_layout(c, dtype):
+    """Exact depthwise, any stride that shares no factor with the dilation, dy rows of whole
+    4-float vectors: NC* stages only (no channel-last pack or transpose), every gradient
+    equal to the float64 reference."""
     from dsl.api.aclnn import convolution_backward_kernel
 
-    xs, k, pads, dil = c
+    xs, k, pads, dil, *rest = c
     nd = len(k)
-    gs, ws = _nc_case(xs, k, pads, dil)
+    stride = list(rest[0]) if rest else [1] * nd
+    gs, ws = _nc_case(xs, k, pads, dil, stride)
     padding = ([a for a, _ in pads] if all(a == b for a, b in pads)
                else [v for pair in pads for v in pair])  # the API's 2-D [top, bottom, l, r]
-    args = (gs, dtype, xs, dtype, ws, dtype, [xs[1]], [1] * nd, padding, list(dil), False,
+    args = (gs, dtype, xs, dtype, ws, dtype, [xs[1]], stride, padding, list(dil), False,
             [0] * nd, xs[1])
     p, kernel = convolution_backward_kernel(*args, [T, T, T])
     assert p.nc_depthwise
@@ -331,7 +345,7 @@ def test_exact_depthwise_stride_1_runs_in_nc_layout(c, dtype):
     arrays = {"grad_output": rand(rng, gs, dtype), "input": rand(rng, xs, dtype),
               "weight": rand(rng, ws, dtype)}
     outs = kernel(*[arrays[t["name"]] for t in kernel.inputs])
-    ref = ref_cb(arrays["grad_output"], arrays["input"], arrays["weight"], [1] * nd,
+    ref = ref_cb(arrays["grad_output"], arrays["input"], arrays["weight"], stride,
                  list(pads), list(dil), False, [0] * nd, xs[1])
     for o, r, what in zip(outs, ref, ("dx", "dw", "db")):
         assert_close(o, r, dtype, f"{c} {what}")
@@ -342,8 +356,9 @@ def test_exact_depthwise_stride_1_runs_in_nc_layout(c, dtype):
 
 
 def test_nc_depthwise_gate_and_schedule():
-    """Only exact depthwise, stride 1, whole 4-float output rows takes the NC* path; the
-    schedule says what it did; the other depthwise layers keep the channel-last packs."""
+    """Only exact depthwise with whole 4-float dy rows and strides that share no factor with
+    the dilation takes the NC* path; the schedule says what it did; the other depthwise
+    layers keep the channel-last packs."""
     def stages(**kw):
         outs = op(**kw)
         kernel = dsl.auto_schedule([t for t in outs if t is not None])
@@ -359,7 +374,9 @@ def test_nc_depthwise_gate_and_schedule():
     assert "in lanes (rfactor)" in notes["cb_nc_dw_acc"], notes
     for pad in ("cb_nc_y_pad", "cb_nc_x_pad"):  # made inside the consumer's tasks, in cache
         assert notes[pad].startswith("NC* pad, computed in each task"), notes
-    for other in ({"go": (2, 4, 4), "stride": (2,)},  # stride 2
+    tags, _ = stages(**{**base, "go": (2, 4, 4), "x": (2, 4, 7), "stride": (2,)})
+    assert {"nc_y_pad", "nc_w_pad", "nc_x_pad", "nc_dx_acc", "nc_dw_acc"} <= tags
+    for other in ({"go": (2, 4, 4), "x": (2, 4, 9), "stride": (2,), "dil": (2,)},  # gcd 2
                   {"go": (2, 4, 7), "pad": (0,), "x": (2, 4, 9)},  # rows of 7
                   {"go": (2, 8, 8), "w": (8, 1, 3), "bias": (8,)},  # multiplier 2
                   {"transposed": T, "w": (4, 1, 3), "x": (2, 4, 8), "go": (2, 4, 8)}):

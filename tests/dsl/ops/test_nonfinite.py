@@ -210,6 +210,7 @@ ACLNN = {
     "transposed": ((5, 4), 4, 6, 3, 2, 1, True, 1, 2),
     "grouped": ((6, 7), 8, 8, 3, 1, 1, False, 0, 4),
     "depthwise_nc": ((6, 8), 3, 3, 3, 1, 1, False, 0, 3),
+    "depthwise_nc_s2": ((8, 15), 4, 4, 3, 2, 1, False, 0, 4),  # zero taps, lanes shuffled
     "conv1d": ((11,), 3, 4, 5, 2, 2, False, 0, 1),
     "conv3d": ((4, 5, 4), 2, 3, 3, 1, 1, False, 0, 1),
 }
