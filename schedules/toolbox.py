@@ -506,6 +506,29 @@ def _read_inner_loop(sch, block, loops) -> int | None:
     return hits[0] if len(hits) == 1 else None
 
 
+def _fusable_rows(sch, block, loops, u: int) -> bool:
+    """The write axis is too short for a whole block and the axis outside it makes one run
+    with it on both sides (``[.., h, w]`` written, ``[.., h, w, c]`` read, neither padded),
+    so the two fuse into one write axis: an NHWC -> NCHW copy of 28-wide rows then takes
+    8-lane blocks instead of 4 (a depthwise 8x192x28x28 stride-2 dx, whose output transpose
+    is half its time, 1.16 -> 0.94 ms on one Zen 4 core)."""
+    n_h, n_w = extent(sch, loops[-2]), extent(sch, loops[-1])
+    if len(loops) < 3 or u >= len(loops) - 2 or _tile(n_h * n_w) <= _tile(n_w):
+        return False
+    blk = sch.get(block)
+    h, w = (iv.var for iv in blk.iter_vars[-2:])
+    read, write = blk.reads[0], blk.writes[0]
+
+    def plain(region, dims) -> bool:
+        return all(r.min.same_as(v) and int(r.extent) == 1
+                   for r, v in zip([region.region[d] for d in dims], (h, w)))
+
+    rd = len(read.region)
+    return (len(blk.iter_vars) == len(loops) and plain(write, (-2, -1)) and rd >= 3
+            and plain(read, (rd - 3, rd - 2)) and int(write.source.shape[-1]) == n_w
+            and int(read.source.shape[rd - 2]) == n_w)
+
+
 def _tile(n: int) -> int:
     """The transpose block along an axis of ``n``: the largest power of two up to
     ``TRANSPOSE_TILE`` dividing ``n`` (0 below 4: not worth a block)."""
@@ -533,6 +556,9 @@ def transpose_tile(sch, block, target) -> bool:
     u = _read_inner_loop(sch, block, loops)
     if u is None or u == len(loops) - 1:
         return False
+    if _fusable_rows(sch, block, loops, u):
+        sch.fuse(loops[-2], loops[-1])
+        loops = sch.get_loops(block)
     # the unrolled read axis may leave a guarded tail (a padded pack's 1026 rows); the
     # vectorised write axis may not (a predicated vector is scalarised)
     nu = extent(sch, loops[u])

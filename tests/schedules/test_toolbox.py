@@ -167,6 +167,28 @@ def test_transpose_tile_of_a_padded_write_axis(w, lo, hi):
     np.testing.assert_array_equal(out.numpy(), ref)
 
 
+@pytest.mark.parametrize("w", [28, 12, 16])
+def test_transpose_tile_fuses_short_rows_with_the_next_axis(w):
+    """NHWC -> NCHW with rows of 28 (or 12) floats: no block of 8 divides a row, so the rows
+    and the axis outside them fuse into one write axis that 8 divides; rows of 16 stay as
+    they are. Results exact against numpy."""
+    import numpy as np
+    import tvm
+
+    shape = (2, 6, w, 24)
+    x, y = _transposed(shape, (0, 3, 1, 2), 0)
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    tgt = targets.current()
+    assert tb.transpose_tile(sch, sch.get_sblock("y"), tgt)
+    # whole 8-lane blocks (rows of 28 or 12 alone: 4 lanes)
+    assert tb.extent(sch, sch.get_loops(sch.get_sblock("y"))[-1]) == tb.TRANSPOSE_TILE
+    f = tvm.compile(sch.mod, target=tgt.tvm_target())
+    xn = np.random.default_rng(w).standard_normal(shape).astype("float32")
+    out = tvm.runtime.tensor(np.zeros((2, 24, 6, w), "float32"))
+    f(tvm.runtime.tensor(xn), out)
+    np.testing.assert_array_equal(out.numpy(), xn.transpose(0, 3, 1, 2))
+
+
 def test_transpose_tile_leaves_other_copies_alone():
     """A copy contiguous along the same axis on both sides, or whose write axis does not
     divide into blocks (a predicated vector is scalarised), is not a tiled transpose."""

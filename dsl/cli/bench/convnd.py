@@ -75,6 +75,7 @@ LAYERS = [
     # MobileNet's depthwise layers as dsl.pytorch runs them (NCHW, one channel per group)
     Layer("depthwise_c64_56_k3", 8, 64, 64, (56, 56), 3, 1, 1, groups=64),
     Layer("depthwise_c144_56_k3s2", 8, 144, 144, (56, 56), 3, 2, 1, groups=144),
+    Layer("depthwise_c192_28_k3s2", 8, 192, 192, (28, 28), 3, 2, 1, groups=192),
 ]
 
 
