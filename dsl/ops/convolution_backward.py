@@ -104,8 +104,10 @@ y_pad[n, c, row(i, j)] * w_pad[c, k(i, j)]``, the stride-phase gather of
 :meth:`dsl.conv_geometry.ConvAxis.dx_taps`) and ``nc_dw_acc [C, *k]`` (``sum_{n,o} dy[n, c, o]
 * x_pad[n, c, o*s + k*d]``). Strided, a row's lanes read dy twice each (``(i + pad) // s``),
 the taps in turn (``(i + pad) % s``) and x every s-th element: the schedule marks those loops
-for :mod:`dsl.runtime.lane_shuffle_pass`. Multiplier > 1 depthwise layers keep the
-channel-last stages.
+for :mod:`dsl.runtime.lane_shuffle_pass`. Where dy's rows are no whole 4-float vectors
+but dx's are (a 28 -> 14 stride-2 layer, ``Plan.nc_dx``), grad_input takes the NC* stages
+and grad_weight the channel-last ones, in one kernel. Multiplier > 1 depthwise layers keep
+the channel-last stages.
 
 Expanded packs (grouped, few channels per group)
 ------------------------------------------------
@@ -307,9 +309,20 @@ class Plan:
         """Exact depthwise (each channel its own group, both sides), not transposed, no stride
         sharing a factor with its dilation, dy rows of whole 4-float vectors: computed in the
         NC* layout (``nc_*`` stages), no channel-last packs or transposes."""
+        return self._nc_exact_depthwise and self.axes[-1].n_out % NC_LANES == 0
+
+    @property
+    def nc_dx(self) -> bool:
+        """grad_input in the NC* layout (``nc_*`` dx stages): every NC* kernel's, and an exact
+        depthwise layer's whose dx rows are whole 4-float vectors where dy's are not (a 28 ->
+        14 stride-2 layer); that kernel's grad_weight keeps the channel-last stages."""
+        return self.nc_depthwise or (self._nc_exact_depthwise
+                                     and self.axes[-1].n_in % NC_LANES == 0)
+
+    @property
+    def _nc_exact_depthwise(self) -> bool:
         return (self.groups > 1 and self.cx == self.groups and self.cy == self.groups
-                and not self.transposed and all(a.tap_step == a.stride for a in self.axes)
-                and self.axes[-1].n_out % NC_LANES == 0)
+                and not self.transposed and all(a.tap_step == a.stride for a in self.axes))
 
     @property
     def need_adjoint(self) -> bool:
@@ -588,14 +601,17 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     fb = _Fallbacks.of(p, yt, weight)
     if p.nc_depthwise:
         return fb.attach(_build_nc_depthwise(p, grad_output, input, weight, attrs, fb))
-    yp = _y_pack(p, yt) if (p.need_adjoint and not p.rep_dx) or (
+    nc_dx = p.need_adjoint and p.nc_dx
+    yp = _y_pack(p, yt) if _adjoint_reads_y_pack(p) or (
         p.output_mask[1] and not p.dw_y_in_place) else None
     yr = _y_rep(p, yt) if p.rep_dx else None
     xp = _x_pack(p, xt) if ((p.need_forward and not p.rep_fwd)
                             or (p.output_mask[1] and not p.rep_dw)) else None
     xr = _x_rep(p, xt) if p.rep_fwd or p.rep_dw else None
     outs = [None, None, None]
-    if p.need_adjoint:
+    if nc_dx:
+        outs[0] = _grad_input_nc(p, _nc_y_pad(p, grad_output), grad_output, weight, attrs, fb)
+    elif p.need_adjoint:
         outs[0] = _grad_input_adjoint(p, yr if p.rep_dx else yp, yt, weight, attrs, fb)
     if p.need_forward:
         outs[0] = _grad_input_forward(p, xr if p.rep_fwd else xp, weight, attrs, fb)
@@ -637,7 +653,7 @@ class _Fallbacks:
         if p.output_mask[0] and p.need_forward and _x_padded(p):
             scans.append(weight)
             needs.append(tag.CB_FWD_ACC)
-        if p.output_mask[0] and (p.need_adjoint or p.nc_depthwise) and _y_padded(p):
+        if p.output_mask[0] and (p.need_adjoint or p.nc_dx) and _y_padded(p):
             scans.append(weight)
             if any(a.padded_kernel != a.kernel for a in p.axes):
                 scans.append(yt)  # Y meets the zero taps too
@@ -684,17 +700,21 @@ def _group(p: Plan, c, per_group: int):
 
 # --- packs ---------------------------------------------------------------------------------
 
+def _adjoint_reads_y_pack(p: Plan) -> bool:
+    return p.need_adjoint and not p.rep_dx and not p.nc_dx
+
+
 def _y_offsets(p: Plan, padded: bool | None = None) -> tuple[int, ...]:
     """Zero rows before Y in its pack: the dx taps' (only when the adjoint reads the pack;
     ``padded`` overrides that)."""
     if padded is None:
-        padded = p.need_adjoint and not p.rep_dx
+        padded = _adjoint_reads_y_pack(p)
     return tuple(a.dy_pad_before if padded else 0 for a in p.axes)
 
 
 def _y_rows(p: Plan, padded: bool | None = None) -> tuple[int, ...]:
     if padded is None:
-        padded = p.need_adjoint and not p.rep_dx
+        padded = _adjoint_reads_y_pack(p)
     return tuple(a.dy_padded_size if padded else a.n_out for a in p.axes)
 
 
@@ -770,10 +790,7 @@ def _build_nc_depthwise(p: Plan, grad_output, input, weight, attrs, fb):  # noqa
     axes = p.axes
     outs = [None, None, None]
     if p.output_mask[0]:
-        yp = _pad_pack(p, grad_output, _y_offsets(p, True), _pitch(_y_rows(p, True)),
-                       tuple(a.n_out for a in axes), (p.cy,), lambda c: c, "cb_nc_y_pad",
-                       "nc_y_pad", channels_first=True)
-        outs[0] = _grad_input_nc(p, yp, grad_output, weight, attrs, fb)
+        outs[0] = _grad_input_nc(p, _nc_y_pad(p, grad_output), grad_output, weight, attrs, fb)
     if p.output_mask[1]:
         xp = _pad_pack(p, input, tuple(a.pad_before for a in axes),
                        _pitch(tuple(a.x_padded_size for a in axes)),
@@ -783,6 +800,13 @@ def _build_nc_depthwise(p: Plan, grad_output, input, weight, attrs, fb):  # noqa
     if p.output_mask[2]:
         outs[2] = _grad_bias(p, grad_output, attrs)
     return tuple(outs)
+
+
+def _nc_y_pad(p: Plan, grad_output):
+    """``nc_y_pad``: dy zero-padded for dx's taps, NC*, rows of whole ``NC_ROW`` pitches."""
+    return _pad_pack(p, grad_output, _y_offsets(p, True), _pitch(_y_rows(p, True)),
+                     tuple(a.n_out for a in p.axes), (p.cy,), lambda c: c, "cb_nc_y_pad",
+                     "nc_y_pad", channels_first=True)
 
 
 def _pitch(sizes: tuple[int, ...]) -> tuple[int, ...]:

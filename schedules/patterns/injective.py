@@ -114,8 +114,10 @@ def padded_rows(sch, blk, target, min_interior: int = 0) -> bool:
     vectors, each vectorised whole (s_tir splits no loop that starts above 0), the borders
     plain. Vectorised as usual, every vector held the test and a tail guard and LLVM copied
     the rows one element at a time: 8x64x56x56 padded by 1, 0.44 ms on one Zen 4 core, twice
-    the time of rows that are whole vectors. ``min_interior``: the shortest interior split
-    off (default a vector's lanes). Returns False (nothing changed) elsewhere."""
+    the time of rows that are whole vectors. ``min_interior``: split off any interior of at
+    least this many elements, also from rows that are whole vectors (by default only from
+    rows that are not, and interiors of a vector or more). Returns False (nothing changed)
+    elsewhere."""
     from schedules.toolbox import PAD_PARTS, leaf_blocks
     from schedules.zero_taps import pad_bounds
 
@@ -128,7 +130,7 @@ def padded_rows(sch, blk, target, min_interior: int = 0) -> bool:
     dims = [k for k, ix in enumerate(block.body.indices) if ix.same_as(last)]
     n, lanes = extent(sch, loops[-1]), target.lanes(str(block.body.buffer.dtype))
     lo, hi = pad_bounds(block).get(dims[0], (None, None)) if dims else (None, None)
-    if n % lanes == 0 or (lo is None and hi is None):
+    if (n % lanes == 0 and not min_interior) or (lo is None and hi is None):
         return False
     lo, hi = max(0, lo or 0), min(n, n if hi is None else hi)
     inner = hi - lo

@@ -355,6 +355,36 @@ def test_exact_depthwise_runs_in_nc_layout(c, dtype):
         assert_close(o, ref[mask.index(T)], dtype, f"{c} alone {mask}")
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("xs, stride", [((2, 5, 12, 28), (2, 2)), ((3, 4, 20), (3,))],
+                         ids=str)
+def test_depthwise_dx_in_nc_where_dy_rows_are_no_whole_vectors(xs, stride, dtype):
+    """A 28 -> 14 stride-2 depthwise layer: dx's rows are whole 4-float vectors, dy's are
+    not, so dx takes the NC* stages and dw the channel-last ones, in one kernel; every
+    gradient equal to the float64 reference."""
+    from dsl.api.aclnn import convolution_backward_kernel
+
+    nd = len(stride)
+    k, pads = (3,) * nd, ((1, 1),) * nd
+    gs, ws = _nc_case(xs, k, pads, (1,) * nd, stride)
+    args = (gs, dtype, xs, dtype, ws, dtype, [xs[1]], list(stride), [1] * nd, [1] * nd, False,
+            [0] * nd, xs[1], [T, T, T])
+    p, kernel = convolution_backward_kernel(*args)
+    assert p.nc_dx and not p.nc_depthwise
+    outs = op(go=gs, x=xs, w=ws, bias=(xs[1],), stride=stride, pad=(1,) * nd, dil=(1,) * nd,
+              opad=(0,) * nd, groups=xs[1])
+    assert {"nc_y_pad", "nc_dx_acc", "x_pack", "dw_acc"} <= _tags(outs)
+    assert not _tags(outs) & {"nc_x_pad", "nc_dw_acc", "dx_acc"}
+    rng = np.random.default_rng(7)
+    arrays = {"grad_output": rand(rng, gs, dtype), "input": rand(rng, xs, dtype),
+              "weight": rand(rng, ws, dtype)}
+    got = kernel(*[arrays[t["name"]] for t in kernel.inputs])
+    ref = ref_cb(arrays["grad_output"], arrays["input"], arrays["weight"], list(stride),
+                 list(pads), [1] * nd, False, [0] * nd, xs[1])
+    for o, r, what in zip(got, ref, ("dx", "dw", "db")):
+        assert_close(o, r, dtype, f"{xs} {what}")
+
+
 def test_nc_depthwise_gate_and_schedule():
     """Only exact depthwise with whole 4-float dy rows and strides that share no factor with
     the dilation takes the NC* path; the schedule says what it did; the other depthwise
