@@ -672,9 +672,15 @@ def _schedule_nc_depthwise(sch, workload) -> set:
     if block is not None:
         workload.note(sch.get(block).name_hint, RULE, _nc_dx(sch, workload, block))
         done.add(tag.CB_GRAD_INPUT)  # written from the register tile
-    block = workload.find(sch, tag.CB_NC_DW_ACC)
+    block = workload.find(sch, tag.CB_NC_DW_LANES)
     if block is not None:
-        workload.note(sch.get(block).name_hint, RULE, _nc_dw(sch, workload, block))
+        workload.note(sch.get(block).name_hint, RULE, _nc_dw_lanes(sch, workload, block))
+        acc = workload.find(sch, tag.CB_NC_DW_ACC)
+        workload.note(sch.get(acc).name_hint, RULE, "the row's real lanes summed, per weight")
+    else:
+        block = workload.find(sch, tag.CB_NC_DW_ACC)
+        if block is not None:
+            workload.note(sch.get(block).name_hint, RULE, _nc_dw(sch, workload, block))
     return done
 
 
@@ -731,36 +737,70 @@ def _nc_width(n: int, lanes: int) -> int:
 
 
 def _nc_dw(sch, workload, block) -> str:
-    """``[c, *k]`` over ``(n, *o)``: channels across cores; the innermost output positions in
-    vector lanes (``rfactor``, when whole vectors divide them), every tap's partial sums in a
-    ``local`` tile across the whole reduction, then one horizontal sum per weight."""
-    tgt = workload.target
+    """``[c, *k]`` over ``(n, *o)``, dy's rows whole vectors: the innermost output positions
+    in vector lanes (``rfactor``) in whole registers where they divide the row (else the row),
+    then the tile of :func:`_nc_dw_tile`, then one horizontal sum per weight."""
     loops = sch.get_loops(block)
     n_sp = spatial_count(sch, block)
     c, taps, red = loops[0], loops[1:n_sp], loops[n_sp:]
-    lanes = tgt.lanes("float32")
     n_o = extent(sch, red[-1])
-    width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and n_o % w == 0), 0)
-    if not width:  # the compute's gate (nc_depthwise) keeps such shapes away
-        sch.reorder(c, *red, *taps)
-        _pad_at(sch, workload, tag.CB_NC_X_PAD, parallel(sch, [c], tgt.cores))
-        return f"NC* depthwise dw: channels across cores, {rfactor_detail(False)}"
+    width = _nc_width(n_o, workload.target.lanes("float32")) or n_o
+    kernel = [extent(sch, t) for t in taps]
+    outer = _nc_dw_outer_taps(kernel, width, workload.target)
     oo, oi = sch.split(red[-1], [None, width])
-    sch.reorder(c, *red[:-1], oo, *taps, oi)
+    sch.reorder(c, *taps[:outer], *red[:-1], oo, *taps[outer:], oi)
     rf = sch.rfactor(oi, n_sp)  # partial sums [c, *k, lane]
-    wb = sch.cache_write(rf, 0, "local")
-    rf_loops = sch.get_loops(rf)
-    sch.reverse_compute_at(wb, rf_loops[0], preserve_unit_loops=True)
-    sch.vectorize(rf_loops[-1])
-    for tap in rf_loops[-n_sp:-1]:  # every tap's accumulator in a register
+    return _nc_dw_tile(sch, workload, rf, kernel, outer, f"{width} output positions in lanes "
+                       "(rfactor)")
+
+
+def _nc_dw_lanes(sch, workload, block) -> str:
+    """``nc_dw_lanes [c, *k, lane]`` over ``(n, *o')``: the row padded to whole lanes by
+    the compute, so the lane axis is the vector; then the tile of :func:`_nc_dw_tile`."""
+    loops = sch.get_loops(block)
+    n_sp = spatial_count(sch, block)
+    c, taps, lane, red = loops[0], loops[1:n_sp - 1], loops[n_sp - 1], loops[n_sp:]
+    kernel = [extent(sch, t) for t in taps]
+    width = extent(sch, lane)
+    outer = _nc_dw_outer_taps(kernel, width, workload.target)
+    sch.reorder(c, *taps[:outer], *red, *taps[outer:], lane)
+    return _nc_dw_tile(sch, workload, block, kernel, outer, f"the row padded to {width} lanes")
+
+
+def _nc_dw_tile(sch, workload, block, kernel: list[int], outer: int, lanes: str) -> str:
+    """Partial sums ``[c, *k, lane]`` whose loops are ``c, k[:outer], reduction, k[outer:],
+    lane``: channels across cores (each task pads its channel's x and dy rows in cache), the
+    inner taps' partial sums in a ``local`` tile across the whole reduction, the outer taps
+    walking it again (the channel's operands stay in cache)."""
+    tgt = workload.target
+    wb = sch.cache_write(block, 0, "local")
+    loops = sch.get_loops(block)
+    task, tile = loops[0], loops[outer]
+    sch.reverse_compute_at(wb, tile, preserve_unit_loops=True)
+    sch.vectorize(loops[-1])
+    inner = len(kernel) - outer
+    for tap in loops[-1 - inner:-1]:  # these taps' accumulators in registers
         sch.unroll(tap)
-    parallel(sch, [rf_loops[0]], tgt.cores)
-    _pad_at(sch, workload, tag.CB_NC_X_PAD, rf_loops[0])  # one channel per task
-    sch.annotate(rf_loops[0], KEY, 1)  # a strided row's lanes read x every s-th element
-    init = sch.decompose_reduction(rf, rf_loops[1])
+    parallel(sch, [task], tgt.cores)
+    for stage in (tag.CB_NC_X_PAD, tag.CB_NC_DY_ROWS):  # one channel per task
+        _pad_at(sch, workload, stage, task)
+    sch.annotate(task, KEY, 1)  # a strided row's lanes read x every s-th element
+    init = sch.decompose_reduction(block, loops[outer + 1])
     sch.vectorize(sch.get_loops(init)[-1])
-    return (f"NC* depthwise dw: channels across cores, {width} output positions in lanes "
-            "(rfactor), every tap's partial sums in registers")
+    return (f"NC* depthwise dw: channels across cores, {lanes}, "
+            f"{math.prod(kernel[outer:])} taps' partial sums in registers")
+
+
+def _nc_dw_outer_taps(kernel: list[int], width: int, target) -> int:
+    """How many leading tap axes of ``kernel`` walk the reduction outside the register
+    tile: the fewest that leave the others' accumulators (``width`` lanes each) in the
+    target's registers. All 3x3 taps of a 16-lane row spilled built for AVX2 (18 of 16)."""
+    budget = accumulator_registers(target)
+    per_tap = -(-width // target.lanes("float32"))
+    for outer in range(len(kernel)):
+        if math.prod(kernel[outer:]) * per_tap <= budget:
+            return outer
+    return len(kernel) - 1
 
 
 def _pad_at(sch, workload, stage: str, loop) -> None:

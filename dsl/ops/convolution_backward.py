@@ -306,18 +306,37 @@ class Plan:
 
     @property
     def nc_depthwise(self) -> bool:
-        """Exact depthwise (each channel its own group, both sides), not transposed, no stride
-        sharing a factor with its dilation, dy rows of whole 4-float vectors: computed in the
-        NC* layout (``nc_*`` stages), no channel-last packs or transposes."""
-        return self._nc_exact_depthwise and self.axes[-1].n_out % NC_LANES == 0
+        """Every requested gradient of an exact depthwise layer in the NC* layout (``nc_*``
+        stages): no channel-last packs or transposes (:attr:`nc_dx`, :attr:`nc_dw`)."""
+        return (self._nc_exact_depthwise and (not self.output_mask[0] or self.nc_dx)
+                and (not self.output_mask[1] or self.nc_dw))
 
     @property
     def nc_dx(self) -> bool:
-        """grad_input in the NC* layout (``nc_*`` dx stages): every NC* kernel's, and an exact
-        depthwise layer's whose dx rows are whole 4-float vectors where dy's are not (a 28 ->
-        14 stride-2 layer); that kernel's grad_weight keeps the channel-last stages."""
-        return self.nc_depthwise or (self._nc_exact_depthwise
-                                     and self.axes[-1].n_in % NC_LANES == 0)
+        """grad_input of an exact depthwise layer (each channel its own group, both sides; not
+        transposed; no stride sharing a factor with its dilation) in the NC* layout, where dy's
+        or dx's rows are whole 4-float vectors. Rows of neither (a 14x14 layer) keep the
+        channel-last stages, which put channels in the lanes (2x faster measured there)."""
+        return self._nc_exact_depthwise and (self.axes[-1].n_out % NC_LANES == 0
+                                             or self.axes[-1].n_in % NC_LANES == 0)
+
+    @property
+    def nc_dw(self) -> bool:
+        """grad_weight of an exact depthwise layer in the NC* layout, where dy's rows are
+        whole 4-float vectors or fit one ``NC_ROW`` vector (:attr:`nc_dw_lanes`)."""
+        n_out = self.axes[-1].n_out
+        return self._nc_exact_depthwise and (n_out % NC_LANES == 0 or n_out <= NC_ROW)
+
+    @property
+    def nc_dw_lanes(self) -> int:
+        """Lanes of the NC* grad_weight's partial sums when dy's rows are no whole 4-float
+        vectors (0 when they are): the row padded to the next of 4, 8 or 16 floats. The lanes
+        past the row sum products of nothing real and are left out of the final sum, so they
+        need no zero operands (0 * inf is NaN) and every lane is a whole vector."""
+        n_out = self.axes[-1].n_out
+        if not self.nc_dw or n_out % NC_LANES == 0:
+            return 0
+        return next(w for w in (NC_LANES, 2 * NC_LANES, NC_ROW) if w >= n_out)
 
     @property
     def _nc_exact_depthwise(self) -> bool:
@@ -602,12 +621,13 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
     if p.nc_depthwise:
         return fb.attach(_build_nc_depthwise(p, grad_output, input, weight, attrs, fb))
     nc_dx = p.need_adjoint and p.nc_dx
+    dw_packed = p.output_mask[1] and not p.nc_dw  # grad_weight on the channel-last stages
     yp = _y_pack(p, yt) if _adjoint_reads_y_pack(p) or (
-        p.output_mask[1] and not p.dw_y_in_place) else None
+        dw_packed and not p.dw_y_in_place) else None
     yr = _y_rep(p, yt) if p.rep_dx else None
     xp = _x_pack(p, xt) if ((p.need_forward and not p.rep_fwd)
-                            or (p.output_mask[1] and not p.rep_dw)) else None
-    xr = _x_rep(p, xt) if p.rep_fwd or p.rep_dw else None
+                            or (dw_packed and not p.rep_dw)) else None
+    xr = _x_rep(p, xt) if p.rep_fwd or (dw_packed and p.rep_dw) else None
     outs = [None, None, None]
     if nc_dx:
         outs[0] = _grad_input_nc(p, _nc_y_pad(p, grad_output), grad_output, weight, attrs, fb)
@@ -615,9 +635,11 @@ def _build(p: Plan, grad_output, input, weight):  # noqa: A002
         outs[0] = _grad_input_adjoint(p, yr if p.rep_dx else yp, yt, weight, attrs, fb)
     if p.need_forward:
         outs[0] = _grad_input_forward(p, xr if p.rep_fwd else xp, weight, attrs, fb)
-    if p.output_mask[1]:
+    if dw_packed:
         outs[1] = _grad_weight(p, yt if p.dw_y_in_place else yp, xr if p.rep_dw else xp,
                                attrs, fb)
+    elif p.output_mask[1]:
+        outs[1] = _grad_weight_nc(p, grad_output, input, attrs, fb)
     if p.output_mask[2]:
         outs[2] = _grad_bias(p, grad_output, attrs)
     return fb.attach(tuple(outs))
@@ -787,16 +809,11 @@ def _build_nc_depthwise(p: Plan, grad_output, input, weight, attrs, fb):  # noqa
     """Each channel is its own convolution: vectors along the innermost spatial axis need no
     channel-last copy, so dx and dw read NC* operands (dy padded for dx's taps, x padded for
     dw's) and write NC* results, with no layout transposes on either side."""
-    axes = p.axes
     outs = [None, None, None]
     if p.output_mask[0]:
         outs[0] = _grad_input_nc(p, _nc_y_pad(p, grad_output), grad_output, weight, attrs, fb)
     if p.output_mask[1]:
-        xp = _pad_pack(p, input, tuple(a.pad_before for a in axes),
-                       _pitch(tuple(a.x_padded_size for a in axes)),
-                       tuple(a.n_in for a in axes), (p.cx,), lambda c: c, "cb_nc_x_pad",
-                       "nc_x_pad", channels_first=True)
-        outs[1] = _grad_weight_nc(p, grad_output, xp, input, attrs, fb)
+        outs[1] = _grad_weight_nc(p, grad_output, input, attrs, fb)
     if p.output_mask[2]:
         outs[2] = _grad_bias(p, grad_output, attrs)
     return tuple(outs)
@@ -877,14 +894,21 @@ def _in_kernel(ks, axes) -> list:
             for k, a in zip(ks, axes)]
 
 
-def _grad_weight_nc(p: Plan, grad_output, xp, input, attrs, fb):  # noqa: A002
-    """``nc_dw_acc [C, *k]``: ``sum_{n, o} dy[n, c, o] * x_pad[n, c, o + k*d]``, then cast
-    to ``grad_weight [C, 1, *k]``. Its exact twin reads ``input`` itself (as dx's twin)."""
+def _grad_weight_nc(p: Plan, grad_output, input, attrs, fb):  # noqa: A002
+    """``nc_dw_acc [C, *k]``: ``sum_{n, o} dy[n, c, o] * x_pad[n, c, o*s + k*d]``, then cast
+    to ``grad_weight [C, 1, *k]``. Where dy's rows are no whole 4-float vectors the sum
+    goes through per-lane partial sums (:func:`_nc_dw_lanes`). Its exact twin reads
+    ``input`` itself (as dx's twin)."""
     from tvm import te
 
-    axes, go_dtype, cmt = p.axes, str(grad_output.dtype), p.cube_math_type
+    axes, go_dtype, cmt, lanes = p.axes, str(grad_output.dtype), p.cube_math_type, p.nc_dw_lanes
+    xp = _nc_x_pad(p, input, lanes)
+    part = _nc_dw_lanes(p, _nc_dy_rows(p, grad_output, lanes), xp, lanes) if lanes else None
 
     def make_body(exact: bool):
+        if part is not None and not exact:
+            rl = te.reduce_axis((0, axes[-1].n_out), name="lane")
+            return lambda c, *k: te.sum(part[(c, *k, rl)], axis=rl)
         rn = te.reduce_axis((0, p.input_shape[0]), name="n")
         orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes)]
 
@@ -903,6 +927,45 @@ def _grad_weight_nc(p: Plan, grad_output, xp, input, attrs, fb):  # noqa: A002
     gw_dtype = p.out_dtypes[1]
     return te.compute(p.weight_shape, lambda c, ci, *k: acc[(c, *k)].astype(gw_dtype),
                       name="grad_weight", tag=tag.stage(TAG, "grad_weight"), attrs=attrs)
+
+
+def _nc_x_pad(p: Plan, input, lanes: int = 0):  # noqa: A002
+    """``nc_x_pad``: x zero-padded for dw's taps, NC*, rows of whole ``NC_ROW`` pitches, long
+    enough for every one of ``lanes`` (past the row too) to read its taps."""
+    axes = p.axes
+    sizes = [a.x_padded_size for a in axes]
+    last = axes[-1]
+    sizes[-1] = max(sizes[-1], (lanes - 1) * last.stride + (last.kernel - 1) * last.dilation + 1)
+    return _pad_pack(p, input, tuple(a.pad_before for a in axes), _pitch(tuple(sizes)),
+                     tuple(a.n_in for a in axes), (p.cx,), lambda c: c, "cb_nc_x_pad",
+                     "nc_x_pad", channels_first=True)
+
+
+def _nc_dy_rows(p: Plan, grad_output, lanes: int):
+    """``nc_dy_rows [N, C, *out[:-1], lanes]``: dy with each row zero-padded to ``lanes``."""
+    n_out = tuple(a.n_out for a in p.axes)
+    return _pad_pack(p, grad_output, (0,) * p.nd, (*n_out[:-1], lanes), n_out, (p.cy,),
+                     lambda c: c, "cb_nc_dy_rows", "nc_dy_rows", channels_first=True)
+
+
+def _nc_dw_lanes(p: Plan, dy_rows, xp, lanes: int):
+    """``nc_dw_lanes [C, *k, lanes]``: ``sum_{n, o'} dy_rows[n, c, o', l] * x_pad[n, c,
+    (o', l)*s + k*d]`` over the outer output axes ``o'``, one partial sum per lane ``l`` of
+    the innermost axis. Lanes past the row (``l >= n_out``) read a zero dy and whatever x is
+    there; :func:`_grad_weight_nc` sums only the real ones."""
+    from tvm import te
+
+    axes = p.axes
+    rn = te.reduce_axis((0, p.input_shape[0]), name="n")
+    orr = [te.reduce_axis((0, a.n_out), name=f"o{i}") for i, a in enumerate(axes[:-1])]
+
+    def body(c, *kl):
+        *k, lane = kl
+        xpos = [oo * a.stride + kk * a.dilation for oo, kk, a in zip([*orr, lane], k, axes)]
+        return te.sum(dy_rows[(rn, c, *orr, lane)] * xp[(rn, c, *xpos)], axis=[rn, *orr])
+
+    return te.compute((p.cy, *(a.kernel for a in axes), lanes), body, name="cb_nc_dw_lanes",
+                      tag=tag.CB_NC_DW_LANES)
 
 
 # --- the exact twins' tests ----------------------------------------------------------------

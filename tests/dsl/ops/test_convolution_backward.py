@@ -355,34 +355,84 @@ def test_exact_depthwise_runs_in_nc_layout(c, dtype):
         assert_close(o, ref[mask.index(T)], dtype, f"{c} alone {mask}")
 
 
+def _check_all_gradients(args, xs, stride, pads, dil, dtype, seed, what):
+    """Run ``convolution_backward_kernel(*args)`` (every gradient, then each alone) on random
+    operands; each gradient equal to the float64 reference."""
+    from dsl.api.aclnn import convolution_backward_kernel
+
+    nd = len(stride)
+    _, kernel = convolution_backward_kernel(*args, [T, T, T])
+    gs, ws = args[0], args[4]
+    rng = np.random.default_rng(seed)
+    arrays = {"grad_output": rand(rng, gs, dtype), "input": rand(rng, xs, dtype),
+              "weight": rand(rng, ws, dtype)}
+    ref = ref_cb(arrays["grad_output"], arrays["input"], arrays["weight"], list(stride),
+                 list(pads), list(dil), False, [0] * nd, xs[1])
+    got = kernel(*[arrays[t["name"]] for t in kernel.inputs])
+    for o, r, name in zip(got, ref, ("dx", "dw", "db")):
+        assert_close(o, r, dtype, f"{what} {name}")
+    for mask in ((T, F, F), (F, T, F)):  # each gradient alone
+        _, alone = convolution_backward_kernel(*args, list(mask))
+        o = alone(*[arrays[t["name"]] for t in alone.inputs])
+        assert_close(o, ref[mask.index(T)], dtype, f"{what} alone {mask}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("xs, stride", [((2, 5, 12, 28), (2, 2)), ((3, 4, 20), (3,))],
+@pytest.mark.parametrize("xs, stride", [((2, 5, 6, 36), (2, 2)), ((3, 4, 56), (3,))],
                          ids=str)
 def test_depthwise_dx_in_nc_where_dy_rows_are_no_whole_vectors(xs, stride, dtype):
-    """A 28 -> 14 stride-2 depthwise layer: dx's rows are whole 4-float vectors, dy's are
-    not, so dx takes the NC* stages and dw the channel-last ones, in one kernel; every
-    gradient equal to the float64 reference."""
+    """A 36 -> 18 stride-2 depthwise layer: dx's rows are whole 4-float vectors, dy's are
+    neither whole vectors nor one ``NC_ROW`` vector, so dx takes the NC* stages and dw the
+    channel-last ones, in one kernel; every gradient equal to the float64 reference."""
     from dsl.api.aclnn import convolution_backward_kernel
 
     nd = len(stride)
     k, pads = (3,) * nd, ((1, 1),) * nd
     gs, ws = _nc_case(xs, k, pads, (1,) * nd, stride)
     args = (gs, dtype, xs, dtype, ws, dtype, [xs[1]], list(stride), [1] * nd, [1] * nd, False,
-            [0] * nd, xs[1], [T, T, T])
-    p, kernel = convolution_backward_kernel(*args)
-    assert p.nc_dx and not p.nc_depthwise
+            [0] * nd, xs[1])
+    p, _ = convolution_backward_kernel(*args, [T, T, T])
+    assert p.nc_dx and not p.nc_dw and not p.nc_depthwise
     outs = op(go=gs, x=xs, w=ws, bias=(xs[1],), stride=stride, pad=(1,) * nd, dil=(1,) * nd,
               opad=(0,) * nd, groups=xs[1])
     assert {"nc_y_pad", "nc_dx_acc", "x_pack", "dw_acc"} <= _tags(outs)
     assert not _tags(outs) & {"nc_x_pad", "nc_dw_acc", "dx_acc"}
-    rng = np.random.default_rng(7)
-    arrays = {"grad_output": rand(rng, gs, dtype), "input": rand(rng, xs, dtype),
-              "weight": rand(rng, ws, dtype)}
-    got = kernel(*[arrays[t["name"]] for t in kernel.inputs])
-    ref = ref_cb(arrays["grad_output"], arrays["input"], arrays["weight"], list(stride),
-                 list(pads), [1] * nd, False, [0] * nd, xs[1])
-    for o, r, what in zip(got, ref, ("dx", "dw", "db")):
-        assert_close(o, r, dtype, f"{xs} {what}")
+    _check_all_gradients(args, xs, stride, pads, (1,) * nd, dtype, 7, xs)
+
+
+NC_LANE_CASES = [  # (x, kernel, padding, dilation, stride): dy rows of <= 16, no 4-vectors
+    ((2, 5, 9, 14), (3, 3), ((1, 1), (1, 1)), (1, 1), (1, 1)),  # 14x14: 16 lanes, dx packed
+    ((2, 3, 8, 28), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2)),  # 28 -> 14: all NC*
+    ((2, 4, 7, 7), (3, 3), ((1, 1), (1, 1)), (1, 1), (1, 1)),  # 7x7: 8 lanes
+    ((3, 4, 10), (4,), ((2, 2),), (1,), (1,)),  # 1-D, even kernel: rows of 11
+    ((2, 3, 5, 11), (3, 2), ((2, 0), (0, 1)), (1, 1), (1, 1)),  # asymmetric: rows of 11
+    ((1, 3, 3, 4, 6), (3, 3, 3), ((1, 1),) * 3, (1, 1, 1), (1, 2, 2)),  # 3-D: rows of 3
+    ((2, 3, 5, 15), (3, 3), ((2, 2), (2, 2)), (2, 2), (1, 1)),  # dilation 2: lanes read 19
+    ((2, 3, 6, 31), (3, 3), ((1, 1), (1, 1)), (1, 2), (2, 3)),  # stride 3, dilation 2: 10
+]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("c", NC_LANE_CASES, ids=range(len(NC_LANE_CASES)))
+def test_depthwise_dw_sums_lanes_past_short_rows(c, dtype):
+    """Exact depthwise whose dy rows are no whole 4-float vectors but fit one ``NC_ROW``
+    vector: dw sums per-lane partials over the row padded to 4, 8 or 16 lanes and leaves
+    the lanes past it out; dx takes the NC* stages where its own rows are whole vectors,
+    the channel-last ones elsewhere. Every gradient equal to the float64 reference."""
+    from dsl.api.aclnn import convolution_backward_kernel
+
+    xs, k, pads, dil, stride = c
+    nd = len(k)
+    gs, ws = _nc_case(xs, k, pads, dil, stride)
+    padding = ([a for a, _ in pads] if all(a == b for a, b in pads)
+               else [v for pair in pads for v in pair])
+    args = (gs, dtype, xs, dtype, ws, dtype, [xs[1]], list(stride), padding, list(dil), False,
+            [0] * nd, xs[1])
+    p, _ = convolution_backward_kernel(*args, [T, T, T])
+    n_out = gs[-1]
+    assert p.nc_dw and p.nc_dw_lanes == next(w for w in (4, 8, 16) if w >= n_out)
+    assert p.nc_dx == (xs[-1] % 4 == 0)
+    _check_all_gradients(args, xs, stride, pads, dil, dtype, 5, c)
 
 
 def test_nc_depthwise_gate_and_schedule():
@@ -406,8 +456,14 @@ def test_nc_depthwise_gate_and_schedule():
         assert notes[pad].startswith("NC* pad, computed in each task"), notes
     tags, _ = stages(**{**base, "go": (2, 4, 4), "x": (2, 4, 7), "stride": (2,)})
     assert {"nc_y_pad", "nc_w_pad", "nc_x_pad", "nc_dx_acc", "nc_dw_acc"} <= tags
+    # rows of 7 (dy) and 9 (x): dw sums 8 lanes in NC*, dx keeps the channel-last stages
+    tags, notes = stages(**{**base, "go": (2, 4, 7), "pad": (0,), "x": (2, 4, 9)})
+    assert {"nc_dy_rows", "nc_x_pad", "nc_dw_lanes", "nc_dw_acc", "y_pack", "dx_acc"} <= tags
+    assert not tags & {"nc_y_pad", "nc_dx_acc", "x_pack", "dw_acc"}, tags
+    assert "the row padded to 8 lanes" in notes["cb_nc_dw_lanes"], notes
+    assert notes["cb_nc_dw_acc"] == "the row's real lanes summed, per weight", notes
     for other in ({"go": (2, 4, 4), "x": (2, 4, 9), "stride": (2,), "dil": (2,)},  # gcd 2
-                  {"go": (2, 4, 7), "pad": (0,), "x": (2, 4, 9)},  # rows of 7
+                  {"go": (2, 4, 17), "pad": (0,), "x": (2, 4, 19)},  # rows of 17 and 19
                   {"go": (2, 8, 8), "w": (8, 1, 3), "bias": (8,)},  # multiplier 2
                   {"transposed": T, "w": (4, 1, 3), "x": (2, 4, 8), "go": (2, 4, 8)}):
         tags, _ = stages(**{**base, **other})
@@ -440,6 +496,16 @@ def test_nc_depthwise_on_every_vector_width(name):
     assert "4 output positions in lanes" in notes["cb_nc_dw_acc"], notes  # 12 = 3 x 4
     for pad in ("cb_nc_y_pad", "cb_nc_x_pad"):  # the rows' borders apart, no bounds test
         assert notes[pad].endswith("interior in whole vectors, the borders apart"), notes
+    # rows of 14: 16 lanes, one AVX-512 register (all 9 taps' sums held), two AVX2 ones or
+    # four SSE ones (one row of 3 taps held: all 9 spilled on AVX2, 1.8x slower)
+    g14, i14, w14 = ph((2, 6, 14, 14), "grad_output"), ph((2, 6, 14, 14), "input"), ph(ws,
+                                                                                    "weight")
+    dw14 = dsl.convolution_backward(g14, i14, w14, *params[:-1], [F, T, F])[1]
+    sch14 = dsl.auto_schedule([dw14], target=tgt)
+    sch14.s_tir()
+    held = 9 if tgt.lanes("float32") == 16 else 3
+    assert f"16 lanes, {held} taps' partial sums in registers" in dict(
+        (b, why) for b, _, why in sch14.decisions)["cb_nc_dw_lanes"]
     if not targets.runnable(tgt):
         return
     kernel = kernel_cache.get_kernel({"t": "cb_nc_target", "name": name}, make,
