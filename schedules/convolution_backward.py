@@ -814,7 +814,9 @@ def _pad_at(sch, workload, stage: str, loop) -> None:
         return
     name = sch.get(block).name_hint
     sch.compute_at(block, loop, preserve_unit_loops=True)
-    if padded_rows(sch, block, workload.target, min_interior=NC_LANES):
+    interior = sch.get(block).annotations.get(tag.ROW_INTERIOR)
+    bounds = None if interior is None else tuple(int(v) for v in interior)
+    if padded_rows(sch, block, workload.target, min_interior=NC_LANES, bounds=bounds):
         how = "its rows' interior in whole vectors, the borders apart"
     else:
         sch.vectorize(sch.split(sch.get_loops(block)[-1], [None, NC_ROW])[-1])

@@ -58,6 +58,9 @@ CB_NC_DX_ACC = "convolution_backward.nc_dx_acc"
 CB_NC_DW_ACC = "convolution_backward.nc_dw_acc"
 CB_NC_DY_ROWS = "convolution_backward.nc_dy_rows"  # ... dy rows padded to whole dw lanes
 CB_NC_DW_LANES = "convolution_backward.nc_dw_lanes"  # ... and dw's partial sums per lane
+# A pad stage's attribute: [lo, hi), the innermost columns that hold real data in every row
+# (where its zero test does not show them: a stride-phase pad reads x[q * s + f - pad])
+ROW_INTERIOR = "dsl_row_interior"
 CB_NONFINITE = "convolution_backward.nonfinite"  # the scans (dsl.ops.fallback)
 CB_EXACT = "convolution_backward.exact"  # the twins of the accs that multiply zeros in
 CB_GRAD_INPUT = "convolution_backward.grad_input"  # the outputs carry stage tags

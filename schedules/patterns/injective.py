@@ -107,7 +107,7 @@ def _binds_last(sch, loop, block) -> bool:
         realize.iter_values[-1].same_as(sch.get(loop).loop_var)
 
 
-def padded_rows(sch, blk, target, min_interior: int = 0) -> bool:
+def padded_rows(sch, blk, target, min_interior: int = 0, bounds=None) -> bool:
     """A padding stage (``P[.., j] = if_then_else(lo <= j < hi and .., x[.., j - lo], 0)``)
     whose rows are no whole number of vectors (56 columns padded to 58): its innermost loop
     partitioned at the pad's bounds, the interior (where the test is gone) in parts of whole
@@ -116,9 +116,11 @@ def padded_rows(sch, blk, target, min_interior: int = 0) -> bool:
     the rows one element at a time: 8x64x56x56 padded by 1, 0.44 ms on one Zen 4 core, twice
     the time of rows that are whole vectors. ``min_interior``: split off any interior of at
     least this many elements, also from rows that are whole vectors (by default only from
-    rows that are not, and interiors of a vector or more). Returns False (nothing changed)
-    elsewhere."""
-    from schedules.toolbox import PAD_PARTS, leaf_blocks
+    rows that are not, and interiors of a vector or more). ``bounds``: the row's interior
+    ``(lo, hi)`` where the compute knows it and its test does not show it (a stride-phase
+    pad: ``x[q*s + r - pad]``, strided reads: its parts by :func:`_interior_parts`, greedy).
+    Returns False (nothing changed) elsewhere."""
+    from schedules.toolbox import leaf_blocks
     from schedules.zero_taps import pad_bounds
 
     block = sch.get(blk)
@@ -126,10 +128,13 @@ def padded_rows(sch, blk, target, min_interior: int = 0) -> bool:
     if not loops or not block.iter_vars or not hasattr(block.body, "indices") or \
             not _binds_last(sch, loops[-1], block):
         return False
-    last = block.iter_vars[-1].var
-    dims = [k for k, ix in enumerate(block.body.indices) if ix.same_as(last)]
     n, lanes = extent(sch, loops[-1]), target.lanes(str(block.body.buffer.dtype))
-    lo, hi = pad_bounds(block).get(dims[0], (None, None)) if dims else (None, None)
+    given = bounds is not None
+    if not given:
+        last = block.iter_vars[-1].var
+        dims = [k for k, ix in enumerate(block.body.indices) if ix.same_as(last)]
+        bounds = pad_bounds(block).get(dims[0], (None, None)) if dims else (None, None)
+    lo, hi = bounds
     if (n % lanes == 0 and not min_interior) or (lo is None and hi is None):
         return False
     lo, hi = max(0, lo or 0), min(n, n if hi is None else hi)
@@ -137,11 +142,28 @@ def padded_rows(sch, blk, target, min_interior: int = 0) -> bool:
     # too short to split off, or no border along the row
     if inner < (min_interior or lanes) or (lo, hi) == (0, n):
         return False
-    width = next((w for w in (lanes, lanes // 2, lanes // 4)
-                  if w and inner % w == 0 and inner // w <= PAD_PARTS), inner)
-    sizes = [k for k in (lo, *[width] * (inner // width), n - hi) if k]
+    widths, rest = _interior_parts(inner, lanes, greedy=given)
+    sizes = [k for k in (lo, *widths, rest, n - hi) if k]
     parts = sch.loop_partition(loops[-1], [*sizes[:-1], None])
     first = 1 if lo else 0
-    for part in parts[first:first + inner // width]:
+    for part in parts[first:first + len(widths)]:
         sch.vectorize(sch.get_loops(leaf_blocks(sch, part)[0])[-1])
     return True
+
+
+def _interior_parts(inner: int, lanes: int, greedy: bool) -> tuple[list[int], int]:
+    """A row interior of ``inner`` elements as vector parts and a plain rest: equal parts of
+    a whole, half or quarter vector that divide it, else one vector of all of it; ``greedy``
+    (strided reads, where an odd vector's lanes gather from odd windows): whole vectors, then
+    halves and quarters, the rest plain (27 = 16 + 8 + 3)."""
+    from schedules.toolbox import PAD_PARTS
+
+    if not greedy:
+        width = next((w for w in (lanes, lanes // 2, lanes // 4)
+                      if w and inner % w == 0 and inner // w <= PAD_PARTS), inner)
+        return [width] * (inner // width), 0
+    widths = []
+    for w in (w for w in (lanes, lanes // 2, lanes // 4) if w >= 4):
+        while inner - sum(widths) >= w and len(widths) < PAD_PARTS:
+            widths.append(w)
+    return widths, inner - sum(widths)

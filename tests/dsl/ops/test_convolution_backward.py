@@ -8,6 +8,7 @@ from tvm import te
 
 import dsl
 import targets
+from dsl.ops import tag
 from dsl.ops.convolution_backward import plan, promote
 
 from helpers import assert_close, rand
@@ -313,6 +314,10 @@ NC_STRIDED = [  # (x shape, kernel, padding, dilation, stride): rows of dy whole
     ((1, 3, 4, 6, 16), (3, 3, 3), ((1, 1),) * 3, (1, 1, 1), (1, 2, 2)),  # 3-D
     ((2, 4, 9, 16), (3, 3), ((3, 3), (3, 3)), (3, 3), (2, 2)),  # dilation 3 with stride 2
     ((2, 4, 9, 15), (3, 2), ((2, 0), (0, 1)), (1, 1), (2, 2)),  # asymmetric, even kernel
+    # dy rows of 16 or more: dw reads x stored by stride phase
+    ((2, 3, 5, 32), (3, 3), ((1, 1), (1, 1)), (1, 1), (2, 2)),  # 32 -> 16
+    ((2, 4, 6, 40), (3, 2), ((2, 0), (0, 1)), (1, 1), (2, 2)),  # asymmetric: 40 -> 20
+    ((2, 3, 50), (3,), ((1, 1),), (2,), (3,)),  # 1-D, stride 3 with dilation 2: 3 phases
 ]
 
 
@@ -456,6 +461,14 @@ def test_nc_depthwise_gate_and_schedule():
         assert notes[pad].startswith("NC* pad, computed in each task"), notes
     tags, _ = stages(**{**base, "go": (2, 4, 4), "x": (2, 4, 7), "stride": (2,)})
     assert {"nc_y_pad", "nc_w_pad", "nc_x_pad", "nc_dx_acc", "nc_dw_acc"} <= tags
+    # dy rows of 16, stride 2: dw's x stored by stride phase [N, C, 2, 16 + 1 -> pitch 32]
+    from dsl.runtime.schedule import walk
+
+    outs = op(**{**base, "go": (2, 4, 16), "x": (2, 4, 32), "stride": (2,)})
+    _, computes = walk([t for t in outs if t is not None])
+    xpad = next(c for c in computes if c.tag.endswith(".nc_x_pad"))
+    assert [int(d) for d in xpad.output(0).shape] == [2, 4, 2, 32], xpad.output(0).shape
+    assert [int(v) for v in xpad.attrs[tag.ROW_INTERIOR]] == [1, 16]
     # rows of 7 (dy) and 9 (x): dw sums 8 lanes in NC*, dx keeps the channel-last stages
     tags, notes = stages(**{**base, "go": (2, 4, 7), "pad": (0,), "x": (2, 4, 9)})
     assert {"nc_dy_rows", "nc_x_pad", "nc_dw_lanes", "nc_dw_acc", "y_pack", "dx_acc"} <= tags

@@ -211,6 +211,7 @@ ACLNN = {
     "grouped": ((6, 7), 8, 8, 3, 1, 1, False, 0, 4),
     "depthwise_nc": ((6, 8), 3, 3, 3, 1, 1, False, 0, 3),
     "depthwise_nc_s2": ((8, 15), 4, 4, 3, 2, 1, False, 0, 4),  # zero taps, lanes shuffled
+    "depthwise_nc_phases": ((5, 32), 3, 3, 3, 2, 1, False, 0, 3),  # dw reads x by phase
     "depthwise_nc_dx": ((12, 36), 4, 4, 3, 2, 1, False, 0, 4),  # NC* dx, channel-last dw
     # dw's lanes past a row of 14 read x's last columns (NaN there): left out of the sum
     "depthwise_nc_lanes": ((9, 14), 3, 3, 3, 1, 1, False, 0, 3),  # channel-last dx
