@@ -1,8 +1,11 @@
 """Pattern rule for window reductions: a depthwise conv2d (NCHW, padded), a window max and a
 1-D moving sum written as a user would, vectorised along the output row with a tile of rows
-in registers; odd, prime and short rows (the rule refuses rows no vector of 4 or more lanes
+in registers; odd, prime and short rows (one odd vector where no whole, half or quarter
+register divides the row; the rule refuses rows no vector of 4 to four registers' lanes
 divides: the outer-reduction rule takes them), batch > 1, fp32 and fp16, against numpy
 float64."""
+
+import re
 
 import numpy as np
 import pytest
@@ -38,21 +41,24 @@ def _ref_depthwise(xn, wn, ph, pw, s=1):
     return out
 
 
-def _lanes_dividing(w: int, dtype: str) -> int:
-    lanes = targets.current().lanes(dtype)
-    while lanes >= 4 and w % lanes:
-        lanes //= 2
-    return lanes if lanes >= 4 else 0
+def _lanes_dividing(w: int, dtype: str, target=None) -> int:
+    """The lanes the rule is expected to take along a row of ``w`` (0: refused)."""
+    full = (target or targets.current()).lanes(dtype)
+    whole = [v for v in (full, full // 2, full // 4) if v >= 4 and w % v == 0]
+    odd = [v for v in range(4, min(w, 4 * full) + 1) if w % v == 0]
+    return whole[0] if whole else max(odd, default=0)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("geo", [(1, 5, 56, 56, 3, 3, 1, 1), (2, 3, 9, 16, 5, 5, 2, 2),
                                  (2, 7, 11, 12, 3, 1, 1, 0), (1, 4, 6, 29, 3, 3, 1, 1),
-                                 (3, 2, 5, 7, 2, 2, 0, 0)], ids=str)
+                                 (3, 2, 5, 7, 2, 2, 0, 0), (2, 3, 14, 14, 3, 3, 1, 1),
+                                 (1, 2, 5, 57, 3, 3, 1, 1), (1, 2, 4, 67, 3, 3, 1, 1)], ids=str)
 def test_depthwise_conv2d(geo, dtype):
-    """Rows of 56 (7 half-width vectors with AVX-512), 16, 12 (quarter width), 29 and 7 (no
-    vector divides them: the outer-reduction rule), 3x3 / 5x5 / 3x1 / 2x2 windows, the
-    padding stage computed inside each task."""
+    """Rows of 56 (7 half-width vectors with AVX-512), 16, 12 (quarter width); 29, 6, 14
+    and 57 (no whole, half or quarter register divides them: one odd vector where it fits
+    four registers); 67 (prime, over four registers: the outer-reduction rule); 3x3 / 5x5 /
+    3x1 / 2x2 windows, the padding stage computed inside each task."""
     n, c, h, w, kh, kw, ph, pw = geo
     rng = np.random.default_rng(61)
     x, wt, y = _depthwise(n, c, h, w, kh, kw, ph, pw, dtype)
@@ -94,7 +100,8 @@ def test_window_max_and_moving_sum(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("geo", [(1, 3, 16, 32, 3, 3, 1, 1), (2, 2, 9, 18, 3, 3, 1, 1),
-                                 (1, 2, 7, 15, 5, 5, 2, 2)], ids=str)
+                                 (1, 2, 7, 15, 5, 5, 2, 2), (2, 3, 5, 113, 3, 3, 1, 1)],
+                         ids=str)
 def test_strided_depthwise_conv2d(geo, dtype):
     """Stride 2: the padding stage's rows split into two phases where its padded width is
     even (34, 20: then the window reads whole vectors), read every other lane where odd
@@ -148,8 +155,9 @@ def test_depthwise_bias_relu_fused_into_the_write_back():
                                  (2, 4, 5, 7, 0)], ids=str)
 def test_nhwc_depthwise_conv2d(geo, dtype):
     """NHWC: the channels are the vector axis and output columns the tile's rows (``x[b, i +
-    ry, j + rx, c]``); 64, 40 and 12 channels (full, half and quarter width), 7 (no vector
-    divides it: the outer-reduction rule); 3x3 and 5x5 windows, batch > 1."""
+    ry, j + rx, c]``); 64, 40 and 12 channels (full, half and quarter width; 12 half-
+    precision lanes: one odd vector), 7 in a 1x1 window (no window: the outer-reduction
+    rule); 3x3 and 5x5 windows, batch > 1."""
     n, h, w, c, pad = geo
     k = 2 * pad + 1
     rng = np.random.default_rng(83)
@@ -165,5 +173,35 @@ def test_nhwc_depthwise_conv2d(geo, dtype):
     (out,), why = build_run([y], [x, wt], [xn, wn])
     ref = _ref_depthwise(xn.transpose(0, 3, 1, 2), wn.transpose(2, 0, 1)[:, None], pad, pad)
     check(out, ref.transpose(0, 2, 3, 1), dtype, f"nhwc depthwise {geo}")
-    want = "patterns.window" if _lanes_dividing(c, dtype) else "patterns.outer_reduction"
+    # a 1x1 "window" (pad 0) is no window: the outer-reduction rule
+    want = "patterns.window" if _lanes_dividing(c, dtype) and k > 1 else \
+        "patterns.outer_reduction"
     assert why.rule_of("dw") == want, str(why)
+
+
+@pytest.mark.parametrize("name", ["x86-64", "x86-avx2", "x86-avx512"])
+@pytest.mark.parametrize("w, stride", [(14, 1), (57, 1), (113, 2)], ids=str)
+def test_odd_rows_on_every_vector_width(name, w, stride):
+    """Rows no whole, half or quarter register divides (14, 57; 113 at stride 2: 57) take
+    one odd vector, the largest divisor of the row up to four registers (57 on AVX-512, 19
+    on AVX2; none of 4-16 on SSE: the outer-reduction rule), the register tile sized by the
+    registers such a vector holds. Run where the machine runs the target."""
+    tgt = targets.get(name)
+    if not targets.runnable(tgt):
+        pytest.skip(f"this machine cannot run {name}")
+    x, wt, y = _depthwise(2, 3, 5, w, 3, 3, 1, 1, "float32", stride=stride)
+    rng = np.random.default_rng(89)
+    xn, wn = rand((2, 3, 5, w), "float32", rng), rand((3, 1, 3, 3), "float32", rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn], target=tgt)
+    check(out, _ref_depthwise(xn, wn, 1, 1, stride), "float32", f"{name} row {w}")
+    lanes = _lanes_dividing((w + 2 - 3) // stride + 1, "float32", tgt)
+    if not lanes:
+        assert why.rule_of("dw") == "patterns.outer_reduction", str(why)
+        return
+    assert why.rule_of("dw") == "patterns.window", str(why)
+    note = dict((s, t) for s, _, t in why.stages)["dw"]
+    rows, nv = (int(v) for v in re.search(r"a tile of (\d+) rows x (\d+) vectors",
+                                          note).groups())
+    regs = -(-lanes // tgt.lanes("float32"))  # the registers one odd vector holds
+    budget = {512: 24, 256: 10, 128: 10}[tgt.vector_bits]
+    assert f"vectors of {lanes} along v_j" in note and rows * nv * regs <= budget, note
