@@ -32,8 +32,10 @@ writes each source scalar as one broadcast per group.
 Exact depthwise (the ``nc_*`` stages): dx takes a register tile of whole vectors
 along the innermost spatial axis (and rows of the next axis, until the tile has enough
 independent accumulators), every tap across the tile, and writes grad_input (cast) straight
-from it; dw keeps the innermost output positions in vector lanes (``rfactor``) and the partial
-sums of every tap in registers across the whole reduction of a channel. Each task (an
+from it; dw keeps the innermost output positions in vector lanes (``rfactor``; a short row's
+lanes come from the compute, ``nc_dw_lanes``) and the partial sums of as many taps as the
+accumulator registers hold across the whole reduction of a channel (the other taps walk it
+again: all 3x3 taps of a 16-lane row spilled built for AVX2). Each task (an
 ``(n, c)`` plane for dx, a channel for dw) pads its own part of the operand first, so the
 padded copy is made in cache instead of as a separate pass over memory (dx of a 8x64x56x56
 3x3 layer: 2.5 -> 1.5-1.8 ms on the 2-core Zen 3). A strided layer's row reads dy, the taps

@@ -90,24 +90,29 @@ Stages (schedules find them by tag ``convolution_backward.<stage>``)
 ``dw_acc``  fp32 ``[*k, Cy, Cx_g]``.  ``db_acc``  fp32 ``[C]``.
 ``grad_input`` / ``grad_weight`` / ``grad_bias``  the outputs (back to plain layout, cast).
 
-Exact depthwise (``Plan.nc_depthwise``)
----------------------------------------
+Exact depthwise (``Plan.nc_dx``, ``Plan.nc_dw``)
+------------------------------------------------
 When every channel is its own group on both sides (``groups == Cin == Cout``), the layer is not
-transposed, no stride shares a factor with its dilation (so every dx tap of a position is in
-one stride phase) and dy's rows are whole 4-float vectors, each channel is an independent
-convolution: vectors along the innermost spatial axis need no channel-last layout, so the
-kernel skips the packs and the layout-restoring transposes (two copies of each tensor):
-``nc_y_pad`` (dy zero-padded for dx's taps, NC*, rows padded to ``NC_ROW`` floats),
-``nc_x_pad`` (x padded likewise), ``nc_w_pad [C, *padded_kernel]`` (the taps, zero taps
-rounding a strided kernel up to whole phases), ``nc_dx_acc [N, C, *in]`` (``sum_j
+transposed and no stride shares a factor with its dilation (so every dx tap of a position is in
+one stride phase), each channel is an independent convolution: vectors along the innermost
+spatial axis need no channel-last layout, so a gradient can skip the packs and the
+layout-restoring transposes (two copies of each tensor). grad_input does so where dy's or dx's
+rows are whole 4-float vectors (``nc_dx``): ``nc_y_pad`` (dy zero-padded for dx's taps, NC*,
+rows padded to ``NC_ROW`` floats), ``nc_w_pad [C, *padded_kernel]`` (the taps, zero taps
+rounding a strided kernel up to whole phases) and ``nc_dx_acc [N, C, *in]`` (``sum_j
 y_pad[n, c, row(i, j)] * w_pad[c, k(i, j)]``, the stride-phase gather of
-:meth:`dsl.conv_geometry.ConvAxis.dx_taps`) and ``nc_dw_acc [C, *k]`` (``sum_{n,o} dy[n, c, o]
-* x_pad[n, c, o*s + k*d]``). Strided, a row's lanes read dy twice each (``(i + pad) // s``),
-the taps in turn (``(i + pad) % s``) and x every s-th element: the schedule marks those loops
-for :mod:`dsl.runtime.lane_shuffle_pass`. Where dy's rows are no whole 4-float vectors
-but dx's are (a 28 -> 14 stride-2 layer, ``Plan.nc_dx``), grad_input takes the NC* stages
-and grad_weight the channel-last ones, in one kernel. Multiplier > 1 depthwise layers keep
-the channel-last stages.
+:meth:`dsl.conv_geometry.ConvAxis.dx_taps`). grad_weight does so where dy's rows are whole
+4-float vectors or at most ``NC_ROW`` long (``nc_dw``): ``nc_x_pad`` (x padded likewise; by
+stride phase, ``[.., s, pitch]``, where dy's rows are ``NC_ROW`` or longer, so dw's lanes read
+it contiguously) and ``nc_dw_acc [C, *k]`` (``sum_{n,o} dy[n, c, o] * x_pad[n, c, o*s +
+k*d]``); a short row (14, 7) is padded to 4, 8 or 16 lanes (``nc_dy_rows``), summed per lane
+(``nc_dw_lanes [C, *k, lanes]``) and only its real lanes summed into ``nc_dw_acc``, so the
+lanes past the row never meet a zero operand (0 * inf is NaN). Strided, dx's lanes read dy
+twice each (``(i + pad) // s``) and the taps in turn (``(i + pad) % s``), and a short dw row
+reads x every s-th element: the schedule marks those loops for
+:mod:`dsl.runtime.lane_shuffle_pass`. ``Plan.nc_depthwise``: every requested gradient in
+NC*; otherwise one kernel mixes the two layouts (a 14x14 layer: dw in NC*, dx channel-last,
+whose lanes hold channels). Multiplier > 1 depthwise layers keep the channel-last stages.
 
 Expanded packs (grouped, few channels per group)
 ------------------------------------------------

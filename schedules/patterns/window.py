@@ -11,7 +11,10 @@ once. A padding stage the window reads is computed inside each parallel task, fo
 only, so it is read from cache, not from a pass over memory of its own. NHWC windows (``x[..,
 i + ry, j + rx, c]``) take the same nest with the channels as the vector axis and the output
 columns as the tile's rows. At stride 2 along the row, the padding stage is laid out and
-iterated as ``[W % 2, W // 2]`` so the window still reads whole vectors.
+iterated as ``[W % 2, W // 2]`` so the window still reads whole vectors. A row that no whole,
+half or quarter register divides (14, 7, 57) is one odd vector (LLVM splits it into legal
+ones), the tile counting the registers it holds; no guarded tail, which TVM's vectoriser
+would scalarise.
 """
 
 from __future__ import annotations
