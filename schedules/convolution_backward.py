@@ -689,9 +689,9 @@ def _schedule_nc_depthwise(sch, workload) -> set:
 # An NC* dx tile: up to this many output rows (neighbouring rows read the same dy rows
 # through different taps, and a strided row's shuffled dy and taps serve them all), then
 # vectors of the row up to this many accumulators. Rows first against vectors first (7
-# vectors of a row, 2 rows), 1 Zen 4 thread, ms: 8x192x28x28 stride 2 0.55 -> 0.42, 8x144x56x56
-# stride 2 1.07 -> 0.81, 8x64x56x56 0.58 -> 0.45; built for AVX2 (whose 7 vectors spilled)
-# 1.03 -> 0.41, 2.5 -> 0.79, 1.25 -> 0.53.
+# vectors of a row, 2 rows), 1 Zen 4 thread, ms: 8x192x28x28 stride 2 0.54 -> 0.42, 8x144x56x56
+# stride 2 1.07 -> 0.75, 8x64x56x56 0.56 -> 0.48; built for AVX2 (whose 7 vectors spilled)
+# 1.04 -> 0.41, 2.45 -> 0.79, 1.24 -> 0.51.
 NC_DX_ROWS = 4
 NC_DX_VECTORS = 8
 
