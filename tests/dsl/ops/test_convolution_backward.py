@@ -475,8 +475,9 @@ def test_nc_depthwise_gate_and_schedule():
 @pytest.mark.parametrize("name", ["x86-64", "x86-avx2", "x86-avx512"])
 def test_nc_depthwise_on_every_vector_width(name):
     """The NC* rule reads lanes from the target: SSE, AVX2 and AVX-512 schedule rows of 12
-    (whole 4-float vectors only) and, where the machine runs the target, agree with the
-    reference."""
+    (whole 4-float vectors only) and hold as many of a short row's taps as their registers
+    take; where the machine runs the target, those kernels and a 28 -> 14 stride-2 one agree
+    with the reference."""
     from dsl import kernel_cache
 
     tgt = targets.get(name)
@@ -517,3 +518,19 @@ def test_nc_depthwise_on_every_vector_width(name):
     ref = ref_cb(dy, x, w, [1, 1], list(pads), list(dil), False, [0, 0], 6)
     for o, r in zip(kernel(dy, x, w), ref):
         assert_close(o, r, "float32", name)
+    # 28 -> 14 at stride 2 on this width: dw's 16 lanes over x stored by phase, dx's tile of
+    # rows in NC*, both against the reference
+    xs2, ws2 = (2, 6, 10, 28), (6, 1, 3, 3)
+    gs2 = (2, 6, 5, 14)
+    params2 = ([6], [2, 2], [1, 1], [1, 1], False, [0, 0], 6, [T, T, T])
+
+    def make2():
+        g2, i2, w2 = ph(gs2, "grad_output"), ph(xs2, "input"), ph(ws2, "weight")
+        return [g2, i2, w2], list(dsl.convolution_backward(g2, i2, w2, *params2))
+
+    kernel2 = kernel_cache.get_kernel({"t": "cb_nc_target_s2", "name": name}, make2,
+                                      prefix="t_cb_nc_s2", target=tgt)
+    dy, x, w = rand(rng, gs2, "float32"), rand(rng, xs2, "float32"), rand(rng, ws2, "float32")
+    ref = ref_cb(dy, x, w, [2, 2], [(1, 1), (1, 1)], [1, 1], False, [0, 0], 6)
+    for o, r in zip(kernel2(dy, x, w), ref):
+        assert_close(o, r, "float32", f"{name} stride 2")
