@@ -89,6 +89,7 @@ from schedules.toolbox import (
     transpose_tiles,
     unroll_steps,
     vectorize_split,
+    whole_vector_lanes,
 )
 
 RULE = "x86 channel-last register tile"
@@ -705,7 +706,7 @@ def _nc_dx(sch, workload, block) -> str:
     spatial, taps = loops[:n_sp], loops[n_sp:]
     n_row, lanes = extent(sch, spatial[-1]), tgt.lanes("float32")
     # rows of whole registers where they divide it (an 11-wide row: one odd vector)
-    vf = _nc_width(n_row, lanes) or register_factor(n_row, lanes)
+    vf = whole_vector_lanes(n_row, lanes) or register_factor(n_row, lanes)
     wo, wi = sch.split(spatial[-1], [None, vf])
     # independent accumulators: a tap's FMA chain is as long as the taps, so several vectors
     # take each tap in turn
@@ -742,21 +743,15 @@ def _nc_dx(sch, workload, block) -> str:
             "across the tile, cast from registers")
 
 
-def _nc_width(n: int, lanes: int) -> int:
-    """Lanes of an NC* row vector: a whole register of ``lanes``, half or a quarter of one
-    that divides the row of ``n``; 0 when none of at least 4 does."""
-    return next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and n % w == 0), 0)
-
-
 def _nc_dw(sch, workload, block) -> str:
-    """``[c, *k]`` over ``(n, *o)``, dy's rows whole vectors: the innermost output positions
-    in vector lanes (``rfactor``) in whole registers where they divide the row (else the row),
-    then the tile of :func:`_nc_dw_tile`, then one horizontal sum per weight."""
+    """``[c, *k]`` over ``(n, *o)``, dy's rows whole 4-float vectors: the innermost output
+    positions in vector lanes (``rfactor``; a whole, half or quarter register), then the tile
+    of :func:`_nc_dw_tile`, then one horizontal sum per weight."""
     loops = sch.get_loops(block)
     n_sp = spatial_count(sch, block)
     c, taps, red = loops[0], loops[1:n_sp], loops[n_sp:]
     n_o = extent(sch, red[-1])
-    width = _nc_width(n_o, workload.target.lanes("float32")) or n_o
+    width = whole_vector_lanes(n_o, workload.target.lanes("float32"))  # the gate: n_o % 4 == 0
     kernel = [extent(sch, t) for t in taps]
     outer = _nc_dw_outer_taps(kernel, width, workload.target)
     oo, oi = sch.split(red[-1], [None, width])

@@ -29,6 +29,8 @@ Factors (how far to split a loop). Each has one documented policy; a rule picks 
                             else in ``(lanes, 4*lanes]``, else 1 (leave it to LLVM)
 :func:`fill_vector_factor`  the whole loop up to two registers, else the divisor up to two
                             registers that wastes the fewest lanes (then the largest)
+:func:`whole_vector_lanes`  a whole, half or quarter register (at least 4 lanes) dividing the
+                            extent, else 0
 ==========================  ===================================================================
 
 Loop transforms
@@ -244,6 +246,12 @@ def register_factor(extent: int, lanes: int, max_vectors: int = 2) -> int:
         if extent % f == 0:
             return f
     return largest_divisor(extent, lanes)
+
+
+def whole_vector_lanes(extent: int, lanes: int) -> int:
+    """The widest whole, half or quarter register of ``lanes`` (at least 4 lanes) that
+    divides ``extent``; 0 when none does."""
+    return next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and extent % w == 0), 0)
 
 
 def exact_vector_factor(extent: int, lanes: int) -> int:

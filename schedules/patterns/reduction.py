@@ -29,7 +29,7 @@ from schedules.patterns.common import (
 )
 
 # under PARALLEL_MIN_ELEMS (output x reduction elements), a reduction runs on one core
-from schedules.toolbox import BALANCE_MIN, PARALLEL_MIN_ELEMS
+from schedules.toolbox import BALANCE_MIN, PARALLEL_MIN_ELEMS, whole_vector_lanes
 
 UNROLL_VECTORS = 4  # independent accumulators: hides the add latency (3-4 cycles)
 
@@ -365,7 +365,7 @@ def _tap_sums_rfactor(sch, name: str, f, target) -> Detail:
                if acc.indices and (stride_in(acc.indices[-1], j) or 1) > 1]
     f, copies = split_by_phase(sch, name, strided)
     n, lanes = f.extents[f.reduce[-1]], target.lanes(f.out_dtype)
-    width = next((w for w in (lanes, lanes // 2, lanes // 4) if w >= 4 and n % w == 0), 0)
+    width = whole_vector_lanes(n, lanes)
     if not width:
         raise ValueError(f"{f.reduce[-1]} is no whole number of vectors")
     taps = tap_axes(f)

@@ -42,10 +42,12 @@ def _lanes(target, dtype: str, n: int) -> int:
     splits into legal ones (a row of 14: 14 lanes; of 57: 57). Such rows went to the
     generic reduction rule, the padding in a pass of its own: 8x96x57x57 3x3 on one Zen 4
     core 8.3 ms, 3.1 ms so."""
+    from schedules.toolbox import whole_vector_lanes
+
     lanes = target.lanes(dtype)
-    for w in (lanes, lanes // 2, lanes // 4):
-        if w >= 4 and n % w == 0:
-            return w
+    whole = whole_vector_lanes(n, lanes)
+    if whole:
+        return whole
     odd = next((v for v in range(min(n, 4 * lanes), 3, -1) if n % v == 0), None)
     if odd is None:
         raise ValueError(f"no vector of 4 to {4 * lanes} lanes divides the row of {n}")
