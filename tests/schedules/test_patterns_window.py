@@ -205,3 +205,53 @@ def test_odd_rows_on_every_vector_width(name, w, stride):
     regs = -(-lanes // tgt.lanes("float32"))  # the registers one odd vector holds
     budget = {512: 24, 256: 10, 128: 10}[tgt.vector_bits]
     assert f"vectors of {lanes} along v_j" in note and rows * nv * regs <= budget, note
+
+
+def _pad_vector_lanes(sch, tensors, pad: str) -> list[int]:
+    """The extents of the vectorised loops that hold block ``pad`` (or a part of it) in the
+    scheduled function."""
+    import tvm
+    import tvm_ffi
+
+    loops: list = []
+    tvm_ffi.structural_walk(sch.s_tir(tensors).mod["main"].body, (tvm.tirx.For, loops.append),
+                            order="post")
+    lanes = []
+    for lp in (lp for lp in loops if lp.kind == tvm.tirx.ForKind.VECTORIZED):
+        blocks: list = []
+        tvm_ffi.structural_walk(lp.body, (tvm.s_tir.SBlock, blocks.append), order="post")
+        if any(b.name_hint.startswith(pad) for b in blocks):  # loop_partition renames
+            lanes.append(int(lp.extent))
+    return lanes
+
+
+@pytest.mark.parametrize("name", ["x86-64", "x86-avx2", "x86-avx512"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [(2, 5, 7, 7, 1, 1), (3, 4, 6, 6, 1, 1), (1, 3, 5, 12, 1, 1),
+                                 (2, 3, 4, 9, 2, 1), (2, 3, 6, 8, 1, 1)], ids=str)
+def test_short_padded_rows_copy_their_interior_in_vectors(geo, dtype, name):
+    """A padding stage computed per task whose rows are shorter than one vector (a 7x7 plane
+    padded to 9 on AVX-512) copies each row's interior in vectors (one odd vector of 7;
+    quarter registers for 12), the borders plain (it was copied element by element); rows of
+    a vector or more (8 padded to 10 on AVX2 and SSE) keep their old copy. A 5x3 window over
+    rows of 9 (padded by 2 rows, 1 column), fp32 and fp16, each target run where the machine
+    runs it, against float64."""
+    import dsl
+
+    n, c, h, w, ph, pw = geo
+    tgt = targets.get(name)
+    if not targets.runnable(tgt):
+        pytest.skip(f"this machine cannot run {name}")
+    kh = 2 * ph + 1
+    x, wt, y = _depthwise(n, c, h, w, kh, 3, ph, pw, dtype)
+    rng = np.random.default_rng(w * h + ph)
+    xn, wn = rand((n, c, h, w), dtype, rng), rand((c, 1, kh, 3), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn], target=tgt)
+    check(out, _ref_depthwise(xn, wn, ph, pw), dtype, f"{name} depthwise {geo}")
+    assert why.rule_of("xpad") == "patterns.window", str(why)
+    row = w + 2 * pw
+    short = row < tgt.lanes(dtype)
+    vectors = _pad_vector_lanes(dsl.auto_schedule([y], target=tgt), [x, wt, y], "xpad")
+    if short:
+        assert sum(vectors) == w and len(set(vectors)) == 1, (vectors, why)
+
