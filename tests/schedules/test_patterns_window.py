@@ -255,3 +255,40 @@ def test_short_padded_rows_copy_their_interior_in_vectors(geo, dtype, name):
     if short:
         assert sum(vectors) == w and len(set(vectors)) == 1, (vectors, why)
 
+
+@pytest.mark.parametrize("name", ["x86-64", "x86-avx2", "x86-avx512"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [(2, 8, 7, 1), (3, 6, 6, 1), (2, 5, 7, 1), (2, 8, 14, 2),
+                                 (1, 4, 14, 1)], ids=str)
+def test_small_planes_share_a_register_tile(geo, dtype, name):
+    """Where one register tile covers a whole output plane (7x7, 6x6), it holds as many
+    planes (channels) as divide the channel count, up to 4, within the planes' accumulator
+    budget (all registers but 4 with AVX-512, but 2 below): 4 planes of 7 rows with AVX-512, 2
+    with AVX2; 3 of 6 channels; 5 channels (prime, 5 x 7 rows over the budget) one. A strided
+    window (14 -> 7) and a plane of two tiles (14 rows) keep one plane a tile. Each target
+    run where the machine runs it, against float64."""
+    n, c, hw, stride = geo
+    tgt = targets.get(name)
+    if not targets.runnable(tgt):
+        pytest.skip(f"this machine cannot run {name}")
+    x, wt, y = _depthwise(n, c, hw, hw, 3, 3, 1, 1, dtype, stride=stride)
+    rng = np.random.default_rng(c * hw + stride)
+    xn, wn = rand((n, c, hw, hw), dtype, rng), rand((c, 1, 3, 3), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn], target=tgt)
+    check(out, _ref_depthwise(xn, wn, 1, 1, stride), dtype, f"{name} planes {geo}")
+    note = dict((s, t) for s, _, t in why.stages)["dw"]
+    rows, nv = (int(v) for v in re.search(r"a tile of (\d+) rows x (\d+) vectors",
+                                          note).groups())
+    wo = (hw + 2 - 3) // stride + 1
+    lanes = _lanes_dividing(wo, dtype, tgt)
+    whole = stride == 1 and rows == wo and nv * lanes == wo
+    regs = -(-lanes // tgt.lanes(dtype))
+    budget = {512: 28, 256: 14, 128: 14}[tgt.vector_bits] // regs
+    expect = max(q for q in range(1, 5) if c % q == 0 and q * rows * nv <= budget) \
+        if whole else 1
+    found = re.search(r"(\d+) planes of v_o a tile", note)
+    assert (int(found.group(1)) if found else 1) == expect, note
+    if name == "x86-avx512" and dtype == "float32":  # the cases the docstring names
+        assert expect == {(2, 8, 7, 1): 4, (3, 6, 6, 1): 3, (2, 5, 7, 1): 1}.get(geo, 1), note
+    if name == "x86-avx2" and geo == (2, 8, 7, 1):
+        assert expect == 2, note

@@ -669,6 +669,14 @@ def _rows(d, reads: int, writes: int, params: int = 0):
     return float(F32 * ((reads + writes) * d["rows"] * d["cols"] + params * d["cols"]))
 
 
+def _window_flops(d) -> float:
+    return 2.0 * d["n"] * d["c"] * d["hw"] ** 2 * d["ks"] ** 2
+
+
+def _window_bytes(d) -> float:
+    return 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2
+
+
 def _conv_spec(name: str, full: dict, tiny: dict) -> Spec:
     """A user's NCHW conv2d forward row (:func:`_conv2d_fwd`)."""
     return Spec(name, "conv2d", {"full": full, "tiny": tiny}, _conv2d_fwd, _conv_flops)
@@ -707,8 +715,12 @@ def specs() -> list[Spec]:
         Spec("depthwise_nchw_3x3_56x56x64", "window",
              {"full": {"n": 1, "c": 64, "hw": 56, "ks": 3, "pad": 1},
               "tiny": {"n": 2, "c": 3, "hw": 8, "ks": 3, "pad": 1}}, _depthwise_fwd,
-             lambda d: 2.0 * d["n"] * d["c"] * d["hw"] ** 2 * d["ks"] ** 2,
-             lambda d: 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
+             _window_flops, _window_bytes),
+        # MobileNet's last depthwise layers: planes of 7x7, several a register tile
+        Spec("depthwise_nchw_3x3_7x7x1024_b8", "window",
+             {"full": {"n": 8, "c": 1024, "hw": 7, "ks": 3, "pad": 1},
+              "tiny": {"n": 2, "c": 6, "hw": 7, "ks": 3, "pad": 1}}, _depthwise_fwd,
+             _window_flops, _window_bytes),
         Spec("softmax_4096x1024", "softmax", {"full": {"rows": 4096, "cols": 1024},
                                               "tiny": {"rows": 5, "cols": 37}}, _softmax,
              lambda d: 5.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1)),
