@@ -27,17 +27,22 @@ graph is, not by which operator made it:
   steps, and it is not inside the stretch where the register tile's accumulators stay in
   registers (:func:`_tile_loop`), unless the steps it skips there outweigh the tile's
   reloads (:func:`_pays_inside`). A 3-D dx gets its plane and row taps tested, a 3-D dw its
-  plane taps, a 5HD dx of 14 x 14 its row taps; a 5HD dx of 56 x 56 and a user's direct
-  convolution keep their tile across the taps untested;
+  plane taps, a 5HD dx of 14 x 14 its row taps, a user's NCHW convolution with vectors across
+  its output channels its row taps (which :func:`schedules.patterns.contraction.
+  _row_taps_first` puts outside the input channels); a 5HD dx of 56 x 56 and a user's
+  convolution whose taps lie inside its channel loop keep their tile across the taps
+  untested;
 * a guard whose innermost loop is one of the register tile's unrolled rows (the W taps of a
   5HD dx whose row tiles straddle the padding, the taps of a dw whose rows are output
   positions) is tested inside that loop, after the serial loops it also uses are peeled where
-  it may fail (:func:`schedules.loop_tests.peeled`): in each peeled copy those loops are
-  constants, so once TVM unrolls the rows every test is a constant and the padding rows'
-  FMAs are gone, with no branch in the tile (5HD dx of 14 x 14, batch 8: 1.035-1.047x on one
-  and two Zen 4 cores; 2-D dilated dx, transposed dx, 3-D dw and the 3-D dx, whose flat
-  chunk of taps x channels splits at a tap's first channel, 1.02-1.03x; the rest 1.00-1.02x,
-  none slower).
+  it may fail (:func:`schedules.loop_tests.peeled`; a loop of one iteration counts as its
+  start, not as a loop the test uses): in each peeled copy those loops are constants, so
+  once TVM unrolls the rows every test is a constant and the padding rows' FMAs are gone,
+  with no branch in the tile (5HD dx of 14 x 14, batch 8: 1.035-1.047x on one and two Zen 4
+  cores; 2-D dilated dx, transposed dx, 3-D dw and the 3-D dx, whose flat chunk of taps x
+  channels splits at a tap's first channel, 1.02-1.03x; the rest 1.00-1.02x, none slower;
+  a user's 8x512x7x7 NCHW conv2d, whose tile covers a row of 7 positions, its column taps
+  so: 15.9 -> 14.4 ms).
 
 A skipped step adds ``0 * w``, which is ``+-0`` for a finite ``w``: the sums are bit for bit the
 same. For a NaN or infinite ``w`` the product is NaN where the math has no product at all (the
@@ -200,7 +205,13 @@ def _peel(terms: list, loops: list, block):
 
     if not terms:
         return None
-    term = conjunction(terms)
+    # a loop of one iteration (a tile position along a row the tile covers whole) is its
+    # start: it decides nothing, and counting it would put the write-back below it
+    term = subst(conjunction(terms), {lp.loop_var: lp.min for lp in loops
+                                      if isinstance(lp.extent, tvm.tirx.IntImm)
+                                      and int(lp.extent) == 1})
+    if term is None:
+        return None
     used = loops_using(term, loops)
     kinds = (tvm.tirx.ForKind.SERIAL, tvm.tirx.ForKind.UNROLLED)
     if (not used or used[-1].kind != tvm.tirx.ForKind.UNROLLED

