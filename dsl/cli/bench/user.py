@@ -702,6 +702,10 @@ def specs() -> list[Spec]:
         _conv_spec("conv2d_nchw_3x3_14x14x256",
                    {"n": 1, "c": 256, "k": 256, "hw": 14, "ks": 3, "pad": 1},
                    {"n": 1, "c": 17, "k": 32, "hw": 5, "ks": 3, "pad": 1}),
+        # ResNet's last stage: 18% of the nominal FLOPs fall in the padding (both sides skip)
+        _conv_spec("conv2d_nchw_3x3_7x7x512_b8",
+                   {"n": 8, "c": 512, "k": 512, "hw": 7, "ks": 3, "pad": 1},
+                   {"n": 2, "c": 9, "k": 32, "hw": 7, "ks": 3, "pad": 1}),
         _conv_spec("conv2d_nchw_5x5_31x31_24to40_b2",
                    {"n": 2, "c": 24, "k": 40, "hw": 31, "ks": 5, "pad": 2},
                    {"n": 2, "c": 5, "k": 24, "hw": 7, "ks": 5, "pad": 2}),
