@@ -69,6 +69,7 @@ from schedules.fallback import schedule_fallbacks, twin_block
 from schedules.patterns.injective import padded_rows
 from schedules.patterns.reduction import finish_rfactor, rfactor_detail, rfactor_inner
 from schedules.toolbox import (
+    TASK_TILE_SCOPE,
     accumulator_registers,
     divisors,
     elementwise,
@@ -722,7 +723,7 @@ def _nc_dx(sch, workload, block) -> str:
     inner = [ri, wv, wi] if nr > 1 else [wv, wi]
     sch.reorder(*rows, *taps, *inner)
     out = workload.find(sch, tag.CB_GRAD_INPUT)
-    wb = sch.cache_write(block, 0, "local")
+    wb = sch.cache_write(block, 0, TASK_TILE_SCOPE)
     sch.reverse_compute_at(wb, rows[-1], preserve_unit_loops=True)
     if out is not None:
         sch.reverse_compute_inline(out)
@@ -780,7 +781,7 @@ def _nc_dw_tile(sch, workload, block, kernel: list[int], outer: int, lanes: str)
     inner taps' partial sums in a ``local`` tile across the whole reduction, the outer taps
     walking it again (the channel's operands stay in cache)."""
     tgt = workload.target
-    wb = sch.cache_write(block, 0, "local")
+    wb = sch.cache_write(block, 0, TASK_TILE_SCOPE)
     loops = sch.get_loops(block)
     task, tile = loops[0], loops[outer]
     sch.reverse_compute_at(wb, tile, preserve_unit_loops=True)

@@ -29,13 +29,10 @@ from schedules.patterns.common import (
     product,
     vectorize_registers,
 )
+from schedules.toolbox import TASK_TILE_SCOPE
 
 UNROLL_TAPS = 64  # taps unrolled around the tile at most (a 7x7 window is 49)
 PLANES = 4  # whole small planes one register tile holds at most (_planes)
-# The tile's buffer: TVM puts a "global" allocation under 1 KiB on the stack, where LLVM keeps
-# it in registers, and serves a "local" one from TVMBackendAllocWorkspace, once per task of a
-# parallel loop (8x1024x7x7, 4 planes a tile, one Zen 4 core 0.32 -> 0.24 ms, two 0.23 -> 0.15)
-TILE_SCOPE = "global"
 # accumulators of a tile of whole planes: all registers but 4 (AVX-512) or 2, which hold an
 # input row and a weight (8x1024x7x7 on AVX-512, 4 planes of 7 rows against 3 within 24: 0.37
 # -> 0.29 ms; built for AVX2, 2 planes against 1 within 10: 0.41 -> 0.34 ms)
@@ -135,7 +132,7 @@ def schedule_window(sch, name: str, facts: dict, target, epilogue: str | None = 
     task = sch.fuse(*outer) if len(outer) > 1 else (outer[0] if outer else j_o)
     if target.cores > 1 and extent(sch, task) >= 2 and product(f.extents.values()) >= 1 << 15:
         sch.parallel(task)
-    wb = sch.cache_write(blk, 0, TILE_SCOPE)
+    wb = sch.cache_write(blk, 0, TASK_TILE_SCOPE)
     if epilogue is not None:
         sch.reverse_compute_inline(sch.get_sblock(epilogue))
     sch.reverse_compute_at(wb, j_o, preserve_unit_loops=True)
