@@ -778,7 +778,7 @@ def _nc_dw_lanes(sch, workload, block) -> str:
 def _nc_dw_tile(sch, workload, block, kernel: list[int], outer: int, lanes: str) -> str:
     """Partial sums ``[c, *k, lane]`` whose loops are ``c, k[:outer], reduction, k[outer:],
     lane``: channels across cores (each task pads its channel's x and dy rows in cache), the
-    inner taps' partial sums in a ``local`` tile across the whole reduction, the outer taps
+    inner taps' partial sums in a register tile across the whole reduction, the outer taps
     walking it again (the channel's operands stay in cache)."""
     tgt = workload.target
     wb = sch.cache_write(block, 0, TASK_TILE_SCOPE)

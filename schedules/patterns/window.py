@@ -34,8 +34,9 @@ from schedules.toolbox import TASK_TILE_SCOPE
 UNROLL_TAPS = 64  # taps unrolled around the tile at most (a 7x7 window is 49)
 PLANES = 4  # whole small planes one register tile holds at most (_planes)
 # accumulators of a tile of whole planes: all registers but 4 (AVX-512) or 2, which hold an
-# input row and a weight (8x1024x7x7 on AVX-512, 4 planes of 7 rows against 3 within 24: 0.37
-# -> 0.29 ms; built for AVX2, 2 planes against 1 within 10: 0.41 -> 0.34 ms)
+# input row and a weight (8x1024x7x7 on AVX-512, 4 planes of 7 rows against the 2 that fit 24,
+# 3 not dividing 1024: 0.37 -> 0.29 ms; built for AVX2, 2 planes against 1 within 10: 0.41 ->
+# 0.34 ms)
 PLANE_ACCUMULATORS = {512: 28, 256: 14, 128: 14}
 TILE_ROWS = 8  # output rows of one tile at most
 # accumulators of one tile: the rest of the register file holds the loaded input vectors and
