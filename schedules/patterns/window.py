@@ -29,7 +29,7 @@ from schedules.patterns.common import (
     product,
     vectorize_registers,
 )
-from schedules.toolbox import TASK_TILE_SCOPE
+from schedules.toolbox import TASK_TILE_SCOPE, whole_vector_lanes
 
 UNROLL_TAPS = 64  # taps unrolled around the tile at most (a 7x7 window is 49)
 PLANES = 4  # whole small planes one register tile holds at most (_planes)
@@ -50,8 +50,6 @@ def _lanes(target, dtype: str, n: int) -> int:
     splits into legal ones (a row of 14: 14 lanes; of 57: 57). Such rows went to the
     generic reduction rule, the padding in a pass of its own: 8x96x57x57 3x3 on one Zen 4
     core 8.3 ms, 3.1 ms so."""
-    from schedules.toolbox import whole_vector_lanes
-
     lanes = target.lanes(dtype)
     whole = whole_vector_lanes(n, lanes)
     if whole:
@@ -71,12 +69,15 @@ def _row_var(f, big) -> str | None:
     return i if (stride_in(big.indices[-2], i) or 0) > 0 else None
 
 
+def _registers(target, f, lanes: int) -> int:
+    """Registers one vector of ``lanes`` holds: an odd vector as many as its legal pieces."""
+    return -(-lanes // target.lanes(f.out_dtype))
+
+
 def _tile(target, f, i: str | None, j: str, lanes: int) -> tuple[int, int]:
     """``(rows, vectors)`` of the register tile: as many rows as divide ``i`` (up to
     :data:`TILE_ROWS`), then as many vectors of the row as the accumulators left allow."""
-    # a vector of odd lanes holds as many registers as its legal pieces
-    budget = TILE_ACCUMULATORS.get(target.vector_bits, 10) // -(-lanes // target.lanes(
-        f.out_dtype))
+    budget = TILE_ACCUMULATORS.get(target.vector_bits, 10) // _registers(target, f, lanes)
     rows_ext = f.extents[i] if i else 1
     rows = max(r for r in range(1, min(TILE_ROWS, rows_ext, max(1, budget)) + 1)
                if rows_ext % r == 0)
@@ -101,8 +102,7 @@ def _planes(target, f, i: str | None, j: str, tile: tuple[int, int], lanes: int,
     if not i or phased or not outer or rows != f.extents[i] or nv * lanes != f.extents[j]:
         return 1, None
     axis = outer[-1]
-    regs = -(-lanes // target.lanes(f.out_dtype))  # registers one (odd) vector holds
-    budget = PLANE_ACCUMULATORS.get(target.vector_bits, 10) // regs
+    budget = PLANE_ACCUMULATORS.get(target.vector_bits, 10) // _registers(target, f, lanes)
     fits = [q for q in range(1, PLANES + 1) if f.extents[axis] % q == 0 and
             q * rows * nv <= budget]
     return max(fits, default=1), axis
