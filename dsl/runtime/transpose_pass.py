@@ -19,7 +19,10 @@ conv2d, whose weight pack is such a copy, 1.04x.
 
 The rewrite is exact: the row loads read the very elements the gathers read, before any of
 the run's stores, and the pass takes only runs whose source is another buffer than their
-destination, with no predicate and constant steps.
+destination, with no predicate and constant steps. A padded copy's run stores each gather
+under its row's bounds test, ``if_then_else(cond, gather, 0)`` with one scalar ``cond`` for
+the whole run (a few-channel dx's dy in W rows); it becomes ``if cond: loads, shuffles else:
+zeros``, so no row is read where the test fails.
 """
 
 from __future__ import annotations
@@ -48,19 +51,45 @@ def _gather(stmt):
     return stmt.buffer, load.source, idx.base, idx.stride.value, int(idx.lanes)
 
 
+def _unguard(stmt):
+    """``(cond, fill, store)`` of ``dst[..] = if_then_else(cond, v, fill)`` whose ``cond`` is
+    one scalar (a padded copy's row test, the same for every lane) and whose ``fill`` is a
+    broadcast constant: ``store`` is ``dst[..] = v``. ``(None, None, stmt)`` for any other
+    statement."""
+    from tvm.ir.expr import Call
+    from tvm.tirx import Broadcast, BufferStore, FloatImm, IntImm
+
+    value = getattr(stmt, "value", None)
+    if not isinstance(stmt, BufferStore) or not isinstance(value, Call) or \
+            not value.op.name.endswith("if_then_else"):
+        return None, None, stmt
+    cond, then, fill = value.args
+    if int(cond.ty.dtype.lanes) != 1 or not isinstance(fill, Broadcast) or \
+            not isinstance(fill.value, (FloatImm, IntImm)):
+        return None, None, stmt
+    return cond, fill, BufferStore(stmt.buffer, then, stmt.indices)
+
+
 def _same_memory(a, b) -> bool:
     return a.same_as(b) or a.data.same_as(b.data)
 
 
 def _run_length(stmts, start: int, analyzer) -> int:
     """How many statements from ``start`` gather consecutive columns of the same rows."""
-    first = _gather(stmts[start])
+    import tvm_ffi
+
+    cond, fill, store = _unguard(stmts[start])
+    first = _gather(store)
     if first is None:
         return 0
     _, src, base, stride, lanes = first
     n = 1
     while start + n < len(stmts) and n < MAX_RUN:
-        g = _gather(stmts[start + n])
+        c, f, store = _unguard(stmts[start + n])
+        if (c is None) != (cond is None) or (cond is not None and not (
+                tvm_ffi.structural_equal(c, cond) and tvm_ffi.structural_equal(f, fill))):
+            break
+        g = _gather(store)
         if g is None or not g[1].same_as(src) or g[3:] != (stride, lanes):
             break
         step = analyzer.simplify(g[2] - base)
@@ -72,7 +101,19 @@ def _run_length(stmts, start: int, analyzer) -> int:
 
 def _as_shuffles(stmts, tag: int) -> list:
     """The ``T`` gathers of ``stmts`` as ``L`` row loads bound to vector variables, then
-    one shuffle of them per store."""
+    one shuffle of them per store; a run under one guard (:func:`_unguard`) as ``if cond:
+    (loads, shuffles) else: (fills)``, so no row is read where the guard is false."""
+    from tvm.tirx import BufferStore, IfThenElse, SeqStmt
+
+    cond, fill, _ = _unguard(stmts[0])
+    if cond is None:
+        return _shuffled(stmts, tag)
+    plain = [_unguard(s)[2] for s in stmts]
+    fills = [BufferStore(s.buffer, fill, s.indices) for s in stmts]
+    return [IfThenElse(cond, SeqStmt(_shuffled(plain, tag)), SeqStmt(fills))]
+
+
+def _shuffled(stmts, tag: int) -> list:
     from tvm.tirx import Bind, BufferLoad, BufferStore, IntImm, Ramp, Shuffle, Var
 
     _, src, base, stride, lanes = _gather(stmts[0])
@@ -110,7 +151,9 @@ def rewrite(func):
             else:
                 out.append(stmts[i])
                 i += 1
-        return SeqStmt(out) if changed else seq
+        if not changed:
+            return seq
+        return out[0] if len(out) == 1 else SeqStmt(out)  # a guarded run may be all of it
 
     body = tvm_ffi.structural_map(func.body, [(SeqStmt, on_seq)], order="post")
     return func if body.same_as(func.body) else func.with_body(body)
