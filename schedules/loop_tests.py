@@ -331,7 +331,9 @@ def _folds(cond, peel: Peel, bounds: dict) -> bool:
 
 def _substitute(stmt, binding: dict):
     """``stmt`` with loop variables replaced (``binding``) where a scheduled function uses
-    them: block bindings and predicates, the tests above them, loop bounds."""
+    them: block bindings and predicates, the tests above them, loop bounds, and the bodies of
+    the opaque blocks that wrap a partitioned loop (whose statements read the loops
+    directly)."""
     import tvm
 
     def expr(e):
@@ -340,10 +342,20 @@ def _substitute(stmt, binding: dict):
             raise _NoPeel
         return out
 
+    def opaque(block):
+        # a wrapper TVM's loop_partition makes: no iterators, its body reads the loops
+        if block.iter_vars:
+            return block
+        if block.reads or block.writes or block.init is not None or block.alloc_buffers \
+                or block.match_buffers:
+            raise _NoPeel
+        return tvm.s_tir.SBlock([], [], [], block.name_hint, walk(block.body),
+                                annotations=block.annotations)
+
     def walk(s):
         if isinstance(s, tvm.s_tir.SBlockRealize):
             return tvm.s_tir.SBlockRealize([expr(v) for v in s.iter_values],
-                                           expr(s.predicate), s.block)
+                                           expr(s.predicate), opaque(s.block))
         if isinstance(s, tvm.tirx.SeqStmt):
             return tvm.tirx.SeqStmt([walk(x) for x in s.seq])
         if isinstance(s, tvm.tirx.For):
