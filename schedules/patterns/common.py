@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 # Below this many elements a stage runs on one core: waking the pool costs more than it saves.
@@ -124,11 +125,55 @@ def producers_inside(sch, blk, buffer: str, loop, target) -> list[str]:
         lanes = target.lanes(f.out_dtype)
         inner = sch.get_loops(prod)[-1]
         short = extent(sch, inner) < lanes
-        if not padded_rows(sch, prod, target, min_interior=SHORT_INTERIOR if short else 0) \
-                and not short:
+        phased = _phase_interior(sch, prod)
+        if phased is not None:
+            from dsl.runtime.lane_shuffle_pass import KEY
+
+            sch.annotate(loop, KEY, 1)  # the rows' lanes read every s-th element
+        if not padded_rows(sch, prod, target, min_interior=SHORT_INTERIOR if short else 0,
+                           bounds=phased) and not short:
             sch.vectorize(sch.split(inner, [None, lanes])[-1])
         moved.append(f.name)
     return moved
+
+
+def _phase_interior(sch, blk):
+    """``(lo, hi)``: the positions of the innermost axis where a stride-phase padding stage
+    (iterating ``[.., r, q]``, reading ``x[.., q * s + r - pad]`` under a test on that
+    index, :func:`split_by_phase`) reads the input at every phase ``r``, as
+    :func:`.injective.padded_rows` takes them; None for any other stage."""
+    from schedules.loop_tests import conjunction, conjuncts, held_on_grid
+    from schedules.patterns.analysis import stride_in
+
+    block = sch.get(blk)
+    value = getattr(block.body, "value", None)
+    if value is None or not hasattr(value, "op") or not value.op.name.endswith(
+            "if_then_else") or len(block.iter_vars) < 2:
+        return None
+    r, q = (iv.var for iv in block.iter_vars[-2:])
+    load = value.args[1]
+    if not hasattr(load, "indices") or not load.indices or \
+            (stride_in(load.indices[-1], q.name) or 0) < 2 or not _uses(load.indices[-1], r):
+        return None  # not a stride-phase read (a plain pad knows its own bounds)
+    terms = [t for t in conjuncts(value.args[0]) if _uses(t, q)]
+    if not terms or any(_uses(t, v.var) for t in terms for v in block.iter_vars[:-2]):
+        return None
+    dom = [(iv.var, int(iv.dom.min), int(iv.dom.extent)) for iv in block.iter_vars[-2:]]
+    held = held_on_grid(conjunction(terms), dom)
+    if held is None:
+        return None
+    inside = held.all(axis=0).nonzero()[0]
+    if not len(inside) or not held.all(axis=0)[inside[0]:inside[-1] + 1].all():
+        return None
+    return dom[1][1] + int(inside[0]), dom[1][1] + int(inside[-1]) + 1
+
+
+def _uses(expr, var) -> bool:
+    from schedules.loop_tests import used_vars
+
+    found: list = []
+    used_vars(expr, found)
+    return any(v.same_as(var) for v in found)
 
 
 def phase_map(ndim: int, stride: int):
@@ -145,17 +190,26 @@ def split_by_phase(sch, name: str, reads: list) -> tuple[object, list[str]]:
     axis by a stride ``s``: ``x[.., v * s + r]``) as ``[.., W % s, W // s]`` (:func:`phase_map`;
     a stage in place, a kernel input through a copy), so it reads ``[.., r % s, v + r //
     s]``: whole vectors along ``v``. Returns ``(facts of the block, copy blocks made)``."""
+    from tvm.s_tir.schedule import ScheduleError
+
     from schedules.patterns.analysis import block_facts, root_blocks
 
     before = {sch.get(b).name_hint for b in root_blocks(sch)}
     for acc, s in reads:
         blk = sch.get_sblock(name)
         idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == acc.buffer)
-        if acc.buffer not in {block_facts(sch, b).out_buffer for b in sch.get_producers(blk)}:
+        stage = next((b for b in sch.get_producers(blk)
+                      if block_facts(sch, b).out_buffer == acc.buffer), None)
+        if stage is None:
             sch.cache_read(blk, idx, "global")  # a kernel input: split a copy of it
             blk = sch.get_sblock(name)
         sch.transform_layout(blk, ("read", idx), phase_map(len(acc.shape), s),
                              pad_value=0.0 if acc.shape[-1] % s else None)
+        if stage is not None and not acc.shape[-1] % s:
+            # the stage iterates the new layout: it writes whole rows of each phase (its
+            # reads stride by s), where it had written every s-th element of a row
+            with contextlib.suppress(ScheduleError):
+                sch.transform_block_layout(stage, phase_map(len(acc.shape), s))
     made = [sch.get(b).name_hint for b in root_blocks(sch)]
     return block_facts(sch, sch.get_sblock(name)), [m for m in made if m not in before]
 

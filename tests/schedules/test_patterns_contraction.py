@@ -144,6 +144,38 @@ def test_user_conv2d_strided(geo, dtype):
     assert why.fell_to_generic() == []
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("w,pad", [(58, 3), (41, 3), (37, 2)], ids=str)
+def test_user_stem_conv_pads_each_phase_in_vectors(w, pad, dtype):
+    """A stem-like conv2d (3 input channels, 7x7 taps, stride 2) whose padding stage is
+    computed per row of the contraction and phase-split by the stride: the stage iterates
+    the phase layout (it had written every other element of a row, element by element), its
+    interior in vectors whose stride-2 reads the lane-shuffle pass turns into whole loads
+    (the row loop is marked for it). Odd padded widths (41 + 6, 37 + 4: a padded split) keep
+    the stage as it was; every result against float64."""
+    import tvm
+
+    import dsl
+    from dsl.runtime.lane_shuffle_pass import KEY
+    from schedules.loop_tests import walk_blocks
+
+    n, ci, co, h, k, stride = 1, 3, 32, 40, 7, 2
+    rng = np.random.default_rng(w)
+    x, wt, y = _conv2d(n, ci, co, h, w, k, k, pad, dtype, stride=stride)
+    xn, wn = rand((n, ci, h, w), dtype, rng), rand((co, ci, k, k), dtype, rng)
+    (out,), why = build_run([y], [x, wt], [xn, wn])
+    check(out, _ref_conv(xn, wn, pad, stride=stride), dtype, "stem conv2d")
+    assert "xpad computed per parallel row" in dict((s, t) for s, _, t in why.stages)["conv"]
+    func = dsl.auto_schedule([y]).s_tir([x, wt, y]).mod["main"]
+    whole = (w + 2 * pad) % stride == 0
+    assert (KEY in func.script()) == whole
+    if whole:  # the stage's rows: [n, ci, hp, phase, q], parts of q in vectors
+        vector_parts = []
+        walk_blocks(func.body, lambda r, loops: vector_parts.append(r) if r.block.name_hint
+                    == "xpad" and loops[-1].kind == tvm.tirx.ForKind.VECTORIZED else None)
+        assert vector_parts and all(len(r.block.iter_vars) == 5 for r in vector_parts)
+
+
 def test_conv2d_relu_epilogue_5d_bias():
     """conv + a 5-D broadcast epilogue (bias per channel, viewed [n, co, ho, wo, 1])."""
     n, ci, co, h, w, k = 2, 3, 5, 6, 7, 3

@@ -699,6 +699,10 @@ def specs() -> list[Spec]:
         _conv_spec("conv2d_nchw_3x3_s2_56x56x64",
                    {"n": 1, "c": 64, "k": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 2},
                    {"n": 2, "c": 3, "k": 5, "hw": 9, "ks": 3, "pad": 1, "stride": 2}),
+        # ResNet's stem forward: 3 input channels, its padding phase-split by the stride
+        _conv_spec("conv2d_nchw_7x7_s2_224x224x3",
+                   {"n": 1, "c": 3, "k": 64, "hw": 224, "ks": 7, "pad": 3, "stride": 2},
+                   {"n": 2, "c": 3, "k": 16, "hw": 20, "ks": 7, "pad": 3, "stride": 2}),
         _conv_spec("conv2d_nchw_3x3_14x14x256",
                    {"n": 1, "c": 256, "k": 256, "hw": 14, "ks": 3, "pad": 1},
                    {"n": 1, "c": 17, "k": 32, "hw": 5, "ks": 3, "pad": 1}),
