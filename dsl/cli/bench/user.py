@@ -716,6 +716,10 @@ def specs() -> list[Spec]:
         _conv_spec("conv2d_nchw_3x3_g4_28x28x128",
                    {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 4},
                    {"n": 2, "c": 8, "k": 16, "hw": 6, "ks": 3, "pad": 1, "groups": 2}),
+        # ResNeXt's 32 groups of 4 channels: rows of 28 in quarter registers on AVX-512
+        _conv_spec("conv2d_nchw_3x3_g32_28x28x128",
+                   {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 32},
+                   {"n": 2, "c": 16, "k": 16, "hw": 12, "ks": 3, "pad": 1, "groups": 4}),
         Spec("dx_nchw_3x3_s2_56x56x128", "conv2d_dx",
              {"full": {"n": 1, "c": 128, "k": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 2},
               "tiny": {"n": 2, "c": 5, "k": 7, "hw": 9, "ks": 3, "pad": 1, "stride": 2}},
