@@ -308,6 +308,24 @@ def test_avx512_conv2d_56_columns_compiles_to_registers():
 
 
 @pytest.mark.parametrize("name", ["znver4", "sapphirerapids"])
+def test_avx512_grouped_28_columns_compiles_to_quarter_registers(name):
+    """Compiled (not run) for each AVX-512 target: a 32-group conv2d's rows of 28 are whole
+    xmm registers, with no gather, no masked vector and no lane-by-lane inserts."""
+    import tvm
+
+    import dsl
+
+    tgt = targets.get(name)
+    x, wt, y = _grouped_conv2d(1, 32, 32, 6, 28, 3, 1, 8, "float32")
+    sch = dsl.auto_schedule([y], target=tgt)
+    lib = tvm.compile(sch.s_tir([x, wt, y]).mod, target=tgt.tvm_target())
+    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
+    asm = mod.inspect_source("asm")
+    assert re.search(r"vfmadd\d+ps\s+[^\n]*%xmm", asm)
+    assert not re.search(r"vgather|vinsertps|\{%k\d\}", asm)
+
+
+@pytest.mark.parametrize("name", ["znver4", "sapphirerapids"])
 def test_across_channels_write_back_is_shuffles_not_scatters(name):
     """Compiled (not run): the channel-lane tile of a 56x56 NCHW conv2d leaves by whole
     accumulator vectors whose lanes LLVM shuffles into output rows, not by a scatter of
