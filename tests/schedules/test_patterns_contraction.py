@@ -229,10 +229,18 @@ def test_matmul_every_target(name):
     assert why.rule_of("c") == "patterns.contraction"
 
 
+def _asm(sch, tensors, tgt) -> str:
+    """The assembly of ``sch`` compiled (not run) for ``tgt``."""
+    import tvm
+
+    lib = tvm.compile(sch.s_tir(tensors).mod, target=tgt.tvm_target())
+    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
+    return mod.inspect_source("asm")
+
+
 def test_matmul_avx512_code_uses_full_width_fma():
     """Compiled (not run) for AVX-512: the rule sizes its tile from 32 registers of 16 lanes,
     and the inner loop issues zmm FMAs."""
-    import tvm
 
     import dsl
 
@@ -242,9 +250,7 @@ def test_matmul_avx512_code_uses_full_width_fma():
     why = dsl.explain(sch, [a, b, c])
     assert why.rule_of("c") == "patterns.contraction"
     assert "vectors of 16" in dict((s, w) for s, _, w in why.stages)["c"]
-    lib = tvm.compile(sch.s_tir([a, b, c]).mod, target=tgt.tvm_target())
-    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
-    asm = mod.inspect_source("asm")
+    asm = _asm(sch, [a, b, c], tgt)
     fmas = re.findall(r"vfmadd\d+ps\s+[^\n]*", asm)
     assert fmas and all("%zmm" in line for line in fmas), fmas[:4]
 
@@ -293,16 +299,13 @@ def test_user_conv2d_rows_in_quarter_registers(geo):
 def test_avx512_conv2d_56_columns_compiles_to_registers():
     """Compiled (not run) for Sapphire Rapids: a 56-wide conv row is whole ymm registers,
     with no gather and no odd-width vector assembled through the stack."""
-    import tvm
 
     import dsl
 
     tgt = targets.get("sapphirerapids")
     x, wt, y = _conv2d(1, 8, 8, 6, 56, 3, 3, 1, "float32")
     sch = dsl.auto_schedule([y], target=tgt)
-    lib = tvm.compile(sch.s_tir([x, wt, y]).mod, target=tgt.tvm_target())
-    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
-    asm = mod.inspect_source("asm")
+    asm = _asm(sch, [x, wt, y], tgt)
     assert re.search(r"vfmadd\d+ps", asm)
     assert not re.search(r"vgather|vinsertps", asm)
 
@@ -311,16 +314,13 @@ def test_avx512_conv2d_56_columns_compiles_to_registers():
 def test_avx512_grouped_28_columns_compiles_to_quarter_registers(name):
     """Compiled (not run) for each AVX-512 target: a 32-group conv2d's rows of 28 are whole
     xmm registers, with no gather, no masked vector and no lane-by-lane inserts."""
-    import tvm
 
     import dsl
 
     tgt = targets.get(name)
     x, wt, y = _grouped_conv2d(1, 32, 32, 6, 28, 3, 1, 8, "float32")
     sch = dsl.auto_schedule([y], target=tgt)
-    lib = tvm.compile(sch.s_tir([x, wt, y]).mod, target=tgt.tvm_target())
-    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
-    asm = mod.inspect_source("asm")
+    asm = _asm(sch, [x, wt, y], tgt)
     assert re.search(r"vfmadd\d+ps\s+[^\n]*%xmm", asm)
     assert not re.search(r"vgather|vinsertps|\{%k\d\}", asm)
 
@@ -330,7 +330,6 @@ def test_across_channels_write_back_is_shuffles_not_scatters(name):
     """Compiled (not run): the channel-lane tile of a 56x56 NCHW conv2d leaves by whole
     accumulator vectors whose lanes LLVM shuffles into output rows, not by a scatter of
     each output row's lanes (a tenth of the kernel on one Zen 4 core)."""
-    import tvm
 
     import dsl
 
@@ -338,9 +337,7 @@ def test_across_channels_write_back_is_shuffles_not_scatters(name):
     x, wt, y = _conv2d(1, 64, 64, 4, 56, 3, 3, 1, "float32")
     sch = dsl.auto_schedule([y], target=tgt)
     assert "vectors along v_o" in _stage_why(dsl.explain(sch), "conv")
-    lib = tvm.compile(sch.s_tir([x, wt, y]).mod, target=tgt.tvm_target())
-    mod = lib.mod.imports[0] if lib.mod.imports else lib.mod
-    asm = mod.inspect_source("asm")
+    asm = _asm(sch, [x, wt, y], tgt)
     assert re.search(r"vfmadd\d+ps", asm)
     assert not re.search(r"vscatter|vgather", asm)
 
