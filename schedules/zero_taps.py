@@ -209,7 +209,8 @@ def _peel(terms: list, loops: list, block):
     if not terms:
         return None
     # a loop of one iteration (a tile position along a row the tile covers whole) is its
-    # start: it decides nothing, and counting it would put the write-back below it
+    # start: it decides nothing, and counted, the peel would copy the tile's init and
+    # write-back below it for nothing (_keeps_other_blocks)
     term = subst(conjunction(terms), {lp.loop_var: lp.min for lp in loops
                                       if isinstance(lp.extent, tvm.tirx.IntImm)
                                       and int(lp.extent) == 1})
