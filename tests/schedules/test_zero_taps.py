@@ -297,6 +297,23 @@ def _reference_conv(xa, wa, pad, groups=1):
     return ref
 
 
+def _same_and_exact(sch, func, skipped, y, xa, wa, ref, fill: float) -> None:
+    """The user conv ``func`` and its zero-tap-skipping form ``skipped``, each run on ``xa``,
+    ``wa`` into an output filled with ``fill``: bit for bit the same, and ``ref`` (float64)
+    within 1e-4."""
+    dev = tvm.cpu()
+
+    def run(f):
+        lib = tvm.compile(tvm.IRModule({"main": f}), target=sch.target.tvm_target())
+        out = tvm.runtime.tensor(np.full([int(d) for d in y.shape], fill, "float32"), dev)
+        lib["main"](tvm.runtime.tensor(xa, dev), tvm.runtime.tensor(wa, dev), out)
+        return out.numpy()
+
+    fast = run(skipped)
+    np.testing.assert_array_equal(fast, run(func))
+    np.testing.assert_allclose(fast, ref, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("n,c,o,hw,groups,nd", [(2, 16, 32, 7, 1, 2), (1, 16, 32, 5, 2, 2),
                                                  (1, 6, 32, 5, 1, 3), (3, 7, 32, 7, 1, 2)],
                          ids=str)
@@ -327,17 +344,7 @@ def test_user_conv_skips_its_row_and_column_padding_taps(n, c, o, hw, groups, nd
     rng = np.random.default_rng(hw * c)
     xa = rng.standard_normal((n, c, *(hw,) * nd)).astype("float32")
     wa = rng.standard_normal((o, c // groups, *(3,) * nd)).astype("float32")
-    dev = tvm.cpu()
-
-    def run(f):
-        lib = tvm.compile(tvm.IRModule({"main": f}), target=sch.target.tvm_target())
-        out = tvm.runtime.tensor(np.zeros([int(d) for d in y.shape], "float32"), dev)
-        lib["main"](tvm.runtime.tensor(xa, dev), tvm.runtime.tensor(wa, dev), out)
-        return out.numpy()
-
-    fast = run(skipped)
-    np.testing.assert_array_equal(fast, run(func))
-    np.testing.assert_allclose(fast, _reference_conv(xa, wa, 1, groups), rtol=1e-4, atol=1e-4)
+    _same_and_exact(sch, func, skipped, y, xa, wa, _reference_conv(xa, wa, 1, groups), 0.0)
 
 
 @pytest.mark.parametrize("hw,pad", [(14, 1), (21, 1), (12, 9)], ids=str)
@@ -360,14 +367,4 @@ def test_user_conv_peels_its_tile_position_keeping_every_tile(hw, pad):
     rng = np.random.default_rng(hw)
     xa = rng.standard_normal((n, c, hw, hw)).astype("float32")
     wa = rng.standard_normal((o, c, 3, 3)).astype("float32")
-    dev = tvm.cpu()
-
-    def run(f):
-        lib = tvm.compile(tvm.IRModule({"main": f}), target=sch.target.tvm_target())
-        out = tvm.runtime.tensor(np.full([int(d) for d in y.shape], np.nan, "float32"), dev)
-        lib["main"](tvm.runtime.tensor(xa, dev), tvm.runtime.tensor(wa, dev), out)
-        return out.numpy()
-
-    fast = run(skipped)
-    np.testing.assert_array_equal(fast, run(func))
-    np.testing.assert_allclose(fast, _reference_conv(xa, wa, pad), rtol=1e-4, atol=1e-4)
+    _same_and_exact(sch, func, skipped, y, xa, wa, _reference_conv(xa, wa, pad), np.nan)
