@@ -132,10 +132,11 @@ def conv2d_backprop_input(filters, out_backprop, filter_sizes, input_sizes, para
     has_twins = p.acc_dtype != "int32" and bool(phases)  # integers are always finite
     if has_twins:
         flag = fallback.nonfinite_flag(TAG, "dx_w_nonfinite", [filters])
-        # a dense twin reads dy itself: the pad then has one reader, which a schedule may
-        # compute it inside (schedules.conv2d_backprop_input.pad_in_task); not a user's
-        # prologue, which is inlined only where no reduction reads it (schedules.fusion)
-        own = out_backprop if p.lay.dense and p.dot <= 1 and not p.positions and isinstance(
+        # a dense twin reads dy itself: the pad then has only the fast phases as readers,
+        # which a schedule may compute it inside (schedules.conv2d_backprop_input:
+        # pad_in_task, positions_in_tasks); not a user's prologue, which is inlined only
+        # where no reduction reads it (schedules.fusion)
+        own = out_backprop if p.lay.dense and p.dot <= 1 and isinstance(
             out_backprop.op, te.PlaceholderOp) else None
         exact = [phase_acc(p, dyp, wt, *k, flag=flag, dy=own) for k in phases]
         accs = {k: phase_acc(p, dyp, wt, *k, twin=e) for k, e in zip(phases, exact)}
@@ -624,16 +625,20 @@ def phase_acc(p: Plan, dyp, wt, ph: int, pw: int, flag=None, twin=None, dy=None)
 
 @dataclass(frozen=True)
 class _UnpaddedDy:
-    """dy indexed like the padded ``dx_dy_pad`` ``[N, C1y, Hp, Wp, C0]`` (in
-    ``p.acc_dtype``): the row and column clamped into dy, so the read stays in bounds; the
-    caller's guard supplies the padding's zero."""
+    """dy indexed like the padded ``dx_dy_pad``, ``[N, C1y, Hp, Wp, C0]`` or (positions)
+    ``[N, Cout, Hp, Wp]`` (in ``p.acc_dtype``): the row and column clamped into dy, so the
+    read stays in bounds; the caller's guard supplies the padding's zero."""
 
     p: Plan
     dy: object
 
     def __getitem__(self, idx):
-        b, c1, hp, wp, c0 = idx
         p = self.p
+        if len(idx) == 4:  # positions: one dy channel, from its 5HD block and lane
+            b, ch, hp, wp = idx
+            c1, c0 = ch // p.c0y, ch % p.c0y
+        else:
+            b, c1, hp, wp, c0 = idx
         return self.dy[b, c1, clamp_index(hp - p.pad_h, p.ah.n_out),
                        clamp_index(wp - p.pad_w, p.aw.n_out), c0].astype(p.acc_dtype)
 
