@@ -29,6 +29,8 @@ columns, every reduction step one ``tdpbf16ps`` / ``tdpbusd`` per accumulator ti
 
 from __future__ import annotations
 
+import json
+
 import schedules
 from dsl.ops import tag
 from dsl.ops.group import C0
@@ -40,11 +42,12 @@ from schedules.intrinsics import dot_intrinsic
 RULE = "x86 dx register tile"
 
 
-def dx_positions_tile(sch, block, target) -> None:
+def dx_positions_tile(sch, block, target, in_task: bool = False) -> None:
     """Register tile of ``dx_acc_w`` ``[N, Cin, Hq, Wq]`` (few input channels): every input
     channel x a few vectors of W positions; dy rows load as (unaligned) vectors, the weight
-    is broadcast per (channel, tap, output channel)."""
-    b, ci, qh, qw, *red = sch.get_loops(block)
+    is broadcast per (channel, tap, output channel). ``in_task``: the block sits under the
+    task loop of :func:`positions_in_tasks`, which runs across the cores instead."""
+    b, ci, qh, qw, *red = sch.get_loops(block)[1 if in_task else 0:]
     lanes = target.lanes("float32")
     regs = tb.vector_registers(target)
     cin, nqw = tb.extent(sch, ci), tb.extent(sch, qw)
@@ -55,13 +58,16 @@ def dx_positions_tile(sch, block, target) -> None:
     qw_o, qw_i = sch.split(qw, [None, vw])
     ci_o, ci_i = sch.split(ci, [None, ci_t])
     sch.reorder(b, qh, ci_o, qw_o, *red, ci_i, qw_i)
-    # the tiles of a row are tasks too where the rows are too few to share out
-    lead = [b, qh, ci_o, qw_o][:tb.lead_loops(
-        [tb.extent(sch, lp) for lp in (b, qh, ci_o, qw_o)], target.cores, least=3)]
-    fused = sch.fuse(*lead)
-    sch.parallel(fused)
+    home = qw_o
+    if not in_task:
+        # the tiles of a row are tasks too where the rows are too few to share out
+        lead = [b, qh, ci_o, qw_o][:tb.lead_loops(
+            [tb.extent(sch, lp) for lp in (b, qh, ci_o, qw_o)], target.cores, least=3)]
+        fused = sch.fuse(*lead)
+        sch.parallel(fused)
+        home = qw_o if len(lead) == 3 else fused
     wb = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(wb, qw_o if len(lead) == 3 else fused, preserve_unit_loops=True)
+    sch.reverse_compute_at(wb, home, preserve_unit_loops=True)
     sch.unroll(ci_i)
     if vw > lanes:
         qw_v, qw_l = sch.split(qw_i, [None, lanes])
@@ -74,6 +80,98 @@ def dx_positions_tile(sch, block, target) -> None:
     if tb.extent(sch, last) > lanes:
         last = sch.split(last, [None, lanes])[-1]
     sch.vectorize(last)
+
+
+# The share of L2 one task's rows of padded dy may take (positions_in_tasks): the rest holds
+# the task's phase rows of dx, dx's rows and the weights.
+TASK_PAD_L2_SHARE = 0.5
+# How many times over the tasks' rows of padded dy may cover the whole pad (each task pads
+# its phases' halo rows again) for positions_in_tasks to pad in the tasks.
+TASK_PAD_REPEAT_LIMIT = 1.5
+
+
+def positions_in_tasks(sch, workload, accs) -> bool:
+    """Few input channels (``dx_acc_w*``, W positions in lanes): each task takes a block of
+    dx rows, pads the rows of dy that its phases read (``dx_dy_pad``, in L2), computes
+    every phase's rows there (:func:`dx_positions_tile`) and interleaves them into dx, so
+    neither the padded dy nor the phases go through memory as whole passes. The RGB stem's
+    pad of dy (3.4 MB) was a pass of its own, written to L3 and read back by each of the
+    four phases, the phases' new dy rows missing L2. The block is the most rows of the
+    phases (a divisor of Hq) whose padded dy fits :data:`TASK_PAD_L2_SHARE` of L2 and whose
+    tasks share out over the cores; False (nothing done) where dx has a reader (an
+    epilogue), the phases' rows or columns do not tile dx evenly, or the tasks would pad
+    more than :data:`TASK_PAD_REPEAT_LIMIT` times the pad."""
+    target = workload.target
+    pad = workload.find(sch, tag.DX_DY_PAD)
+    out = workload.find(sch, tag.CONV2D_BACKPROP_INPUT)
+    if pad is None or out is None or sch.get_consumers(out) or not accs:
+        return False
+    if {sch.get(b).name_hint for b in sch.get_consumers(pad)} != {
+            sch.get(a).name_hint for a in accs}:
+        return False
+    sh = json.loads(workload.attrs.get("dsl_params", "{}")).get("strides", [1])[0]
+    n, c1, h = (tb.extent(sch, lp) for lp in sch.get_loops(out)[:3])
+    hq = {tb.extent(sch, sch.get_loops(a)[2]) for a in accs}
+    if len(hq) != 1 or h != sh * min(hq):
+        return False
+    hq = hq.pop()
+    halo = _task_pad_rows(sch, accs, pad, out, sh, 1)
+    if halo is None:
+        return False
+    halo -= 1
+    _, cout, _, wp = (int(d) for d in sch.get(pad).writes[0].source.shape)
+    fit = int(target.l2_kib * 1024 * TASK_PAD_L2_SHARE) // (cout * wp * 4) - halo
+    rows, share = tb.sharing_choice(
+        [r for r in sorted(tb.divisors(hq), reverse=True) if r <= fit] or [1],
+        lambda r: n * c1 * (hq // r), target.cores)
+    if share < tb.BALANCE_MIN or (rows + halo) / rows > TASK_PAD_REPEAT_LIMIT or \
+            _task_pad_rows(sch, accs, pad, out, sh, rows) is None:
+        return False
+    task = _tasks_of_rows(sch, accs, pad, out, sh, rows)
+    if target.cores > 1 and n * c1 * (hq // rows) > 1:
+        sch.parallel(task)
+    for acc in accs:
+        dx_positions_tile(sch, acc, target, in_task=True)
+    pad_name = sch.get(pad).name_hint  # the partitioned copy below makes new blocks
+    padded = tb.transpose_tile(sch, pad, target, depth=1)
+    if not padded:
+        tb.vectorize_inner(sch, pad)
+    lanes = tb.c0_vectors(target)[1]
+    sch.vectorize(sch.split(sch.get_loops(out)[-1], [None, lanes])[-1])
+    workload.note(pad_name, RULE, f"dy padded in each task of {rows} phase rows "
+                  f"(in L2; {(rows + halo) / rows:.2f}x the pad)"
+                  + (", C0 lanes into W rows" if padded else ""))
+    workload.note(sch.get(out).name_hint, RULE, "each task's phase rows interleaved into dx")
+    return True
+
+
+def _tasks_of_rows(sch, accs, pad, out, sh: int, rows: int):
+    """Split dx's rows into tasks of ``sh * rows`` and compute every phase block ``accs``
+    and then ``pad`` inside each (:func:`positions_in_tasks`); returns the task loop, or None
+    where a phase would not compute whole rows there (its channels or columns cut)."""
+    b, c1, i, *_ = sch.get_loops(out)
+    whole = [[tb.extent(sch, lp) for lp in sch.get_loops(a)[:4]] for a in accs]
+    io, _ = sch.split(i, [None, sh * rows])
+    task = sch.fuse(b, c1, io)
+    for acc in accs:
+        sch.compute_at(acc, task, preserve_unit_loops=True)
+    sch.compute_at(pad, task, preserve_unit_loops=True)
+    for acc, ext in zip(accs, whole):
+        got = [tb.extent(sch, lp) for lp in sch.get_loops(acc)[1:5]]
+        if got != [1, ext[1], rows, ext[3]]:  # one image, every channel and column
+            return None
+    return task
+
+
+def _task_pad_rows(sch, accs, pad, out, sh: int, rows: int) -> int | None:
+    """The rows of padded dy one task of ``rows`` phase rows pads (on a copy of ``sch``),
+    or None where the phases would not compute whole rows there."""
+    trial = sch.copy()
+    names = [sch.get(b).name_hint for b in (*accs, pad, out)]
+    *t_accs, t_pad, t_out = (trial.get_sblock(name) for name in names)
+    if _tasks_of_rows(trial, t_accs, t_pad, t_out, sh, rows) is None:
+        return None
+    return tb.extent(trial, trial.get_loops(t_pad)[3])
 
 
 # The share of L1d one reduction chunk's weight panel may take: the rest holds the dy rows its
@@ -322,12 +420,20 @@ def schedule_dx_x86(sch, workload) -> None:
     accs = workload.find_all(sch, tag.DX_ACC)
     stages = [tag.DX_DY_CAST, tag.DX_DY_PAD, tag.DX_WEIGHT, tag.CONV2D_BACKPROP_INPUT]
     cx1_t, kc = chunking(sch, workload, accs, target)
+    in_tasks = None
     for acc in accs:
         name = sch.get(acc).name_hint
         # [N, Cin, Hq, Wq] (few input channels) or [N, C1x, Hq, Wq, C0]
         if tb.spatial_count(sch, acc) == 4:
-            dx_positions_tile(sch, acc, target)
-            workload.note(name, RULE, "few input channels: W positions in vector lanes")
+            if in_tasks is None:
+                in_tasks = positions_in_tasks(sch, workload, accs)
+                if in_tasks:
+                    stages.remove(tag.DX_DY_PAD)
+                    stages.remove(tag.CONV2D_BACKPROP_INPUT)
+            if not in_tasks:
+                dx_positions_tile(sch, acc, target)
+            workload.note(name, RULE, "few input channels: W positions in vector lanes"
+                          + (", in the tasks of dx's rows" if in_tasks else ""))
             continue
         written = amx_tiles(sch, workload, acc, len(accs) == 1)
         if written is not None:

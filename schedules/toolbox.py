@@ -553,7 +553,7 @@ def _tile(n: int) -> int:
     return t if t >= 4 else 0
 
 
-def transpose_tile(sch, block, target) -> bool:
+def transpose_tile(sch, block, target, depth: int = 0) -> bool:
     """A copy whose read is contiguous along another axis than its write (a layout
     transpose such as NCL -> NLC): blocks of up to ``TRANSPOSE_TILE`` squared, the write's
     axis vectorised and the read's unrolled, so a block's vectors gather from the same 8
@@ -562,10 +562,12 @@ def transpose_tile(sch, block, target) -> bool:
     ms). Each block's gathers are turned into row loads and register shuffles when the
     kernel is lowered (:mod:`dsl.runtime.transpose_pass`): a copy bound by its memory
     traffic gains little (a tensorized one ran 0.98-1.08x as fast on one Emerald Rapids
-    core), a pack read from L2 inside a compute-bound kernel gains most. Returns False (nothing
-    changed) when the block is not such a copy or its write axis does not divide into
-    blocks."""
-    loops = sch.get_loops(block)
+    core), a pack read from L2 inside a compute-bound kernel gains most. ``depth``: the
+    block sits under that many loops of a parallel task (its own loops below them run on
+    the task's core). Returns False (nothing changed) when the block is not such a copy or
+    its write axis does not divide into blocks."""
+    loops = sch.get_loops(block)[depth:]
+    cores = 1 if depth else target.cores
     if len(loops) < 2 or spatial_count(sch, block) != len(loops):
         return False
     u = _read_inner_loop(sch, block, loops)
@@ -573,23 +575,23 @@ def transpose_tile(sch, block, target) -> bool:
         return False
     if _fusable_rows(sch, block, loops, u):
         sch.fuse(loops[-2], loops[-1])
-        loops = sch.get_loops(block)
+        loops = sch.get_loops(block)[depth:]
     # the unrolled read axis may leave a guarded tail (a padded pack's 1026 rows); the
     # vectorised write axis may not (a predicated vector is scalarised)
     nu = extent(sch, loops[u])
     tu = _tile(nu) or (TRANSPOSE_TILE if nu >= TRANSPOSE_TILE else 0)
     tv = _tile(extent(sch, loops[-1]))
     if tu and not tv:
-        return _padded_transpose(sch, block, loops, u, tu, target)
+        return _padded_transpose(sch, block, loops, u, tu, target, cores)
     if not tu or not tv:
         return False
     outer = [lp for i, lp in enumerate(loops[:-1]) if i != u]
     sch.reorder(*outer, loops[u], loops[-1])
-    parallel(sch, [*outer, *transpose_blocks(sch, loops[u], loops[-1], tu, tv)], target.cores)
+    parallel(sch, [*outer, *transpose_blocks(sch, loops[u], loops[-1], tu, tv)], cores)
     return True
 
 
-def _padded_transpose(sch, block, loops: list, u: int, tu: int, target) -> bool:
+def _padded_transpose(sch, block, loops: list, u: int, tu: int, target, cores: int) -> bool:
     """:func:`transpose_tile` of a padded copy (``P = if_then_else(lo <= i < hi, .., 0)``)
     whose write axis divides into blocks only inside its padding (a few-channel dx's dy, W
     rows of 1 + 112 + 2): that loop partitioned at the pad's bounds, its interior (where the
@@ -632,7 +634,7 @@ def _padded_transpose(sch, block, loops: list, u: int, tu: int, target) -> bool:
         if extent(sch, read) % tu == 0:  # runs of tu rows: transposed in registers
             sch.unroll(sch.split(read, [None, tu])[-1])
         sch.vectorize(write)  # s_tir splits no loop that starts above 0
-    parallel(sch, outer, target.cores)
+    parallel(sch, outer, cores)
     return True
 
 

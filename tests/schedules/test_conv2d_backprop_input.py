@@ -263,3 +263,53 @@ def test_dx_that_pads_in_each_task_on_narrower_vectors(base):
     out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
     ref = ref_dx(dy, w, (c["n"], c["cin"], c["h"], c["w"]), c["stride"], c["pads"], c["dil"], 1)
     assert_close(out, ref, "float32", base)
+
+
+POSITIONS_IN_TASKS = [  # (case, cores, whether each task pads dy and computes every phase)
+    (C(2, 3, 20, 32, 32, 7, 2, (3, 3, 3, 3), 1, 1), 2, True),   # a stem: 4 phases, 2 images
+    (C(1, 3, 24, 16, 32, 3, 1, (1, 1, 1, 1), 1, 1), 2, True),   # stride 1: one phase
+    (C(2, 4, 32, 20, 32, 3, 1, (2, 1, 1, 2), 2, 1), 2, True),   # dilation 2, asymmetric pads
+    (C(2, 3, 20, 32, 32, 7, 2, (3, 3, 3, 3), 1, 1), 16, False),  # rows of 1 a task: 4x the pad
+    (C(1, 3, 16, 31, 32, 7, 2, (3, 3, 3, 3), 1, 1), 2, False),  # phases of 16 and 15 rows
+    (C(1, 3, 16, 32, 40, 7, 2, (3, 3, 3, 3), 1, 1), 2, False),  # 20 columns in 32 lanes
+]
+
+
+@pytest.mark.parametrize("c, cores, in_task", POSITIONS_IN_TASKS,
+                         ids=[f"{case_id(c)}-{n}cores" for c, n, _ in POSITIONS_IN_TASKS])
+def test_where_few_channel_dx_runs_in_tasks_of_rows(c, cores, in_task):
+    """W positions in the lanes (few input channels): the pad of dy, every phase and dx in
+    one parallel loop over blocks of dx rows where those tile dx evenly and share out."""
+    sch, tensors = _dx_schedule(c, host_with(48, cores))
+    text = str(dsl.explain(sch))
+    assert "W positions in vector lanes" in text
+    assert ("dy padded in each task of" in text) == in_task, text
+    script = sch.s_tir(list(tensors)).mod.script()
+    pad, phase = script.index('T.sblock("dx_dy_pad'), script.index('T.sblock("dx_acc_w')
+    out = script.index('T.sblock("dx")')
+    task = script.rfind("T.parallel", 0, min(pad, phase))
+    # in a task: one parallel loop above the pad, the phases and dx, which follow it in turn
+    assert (task >= 0 and "T.parallel" not in script[task + 10:] and pad < phase < out) == \
+        in_task
+
+
+@pytest.mark.parametrize("c", [c for c, _, in_task in POSITIONS_IN_TASKS if in_task],
+                         ids=case_id)
+def test_few_channel_dx_in_tasks_matches_the_reference(c):
+    """float32, float16, and a NaN weight (the exact twins read dy itself, outside the
+    tasks)."""
+    tgt = host_with(48, 2)
+    shape = (c["n"], c["cin"], c["h"], c["w"])
+    for dtype, nan in (("float32", False), ("float16", False), ("float32", True)):
+        dy, w = dx_data(c, dtype)
+        if nan:
+            w = w.copy()
+            w[3, 1, 0, 2] = np.nan
+        kernel = dx_kernel(c, dtype, "float32", tgt)
+        out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
+        with np.errstate(invalid="ignore"):
+            ref = ref_dx(dy, w, shape, c["stride"], c["pads"], c["dil"], 1)
+        assert np.array_equal(np.isnan(out), np.isnan(ref)), f"{case_id(c)} {dtype} {nan}"
+        assert not nan or np.isnan(ref).any() and not np.isnan(ref).all()
+        finite = ~np.isnan(ref)
+        assert_close(out[finite], ref[finite], "float32", f"{case_id(c)} {dtype} {nan}")
