@@ -16,8 +16,9 @@ Two shapes of loop nest:
   accumulates into ``dw_acc``, the row tiles innermost, so the tiles of a tap share its
   vectors from L1 and the taps share the chunk of the broadcast operand from L1/L2 (dcgan
   bench layer, one EMR core: 1.30x over tiles outermost). The blocks run across
-  ``target.cores`` threads (one parallel launch per call). Where dy is read in place and
-  the taps stay inside the tasks, each chunk pads its own rows of dy in cache (``_blocked``).
+  ``target.cores`` threads (one parallel launch per call). Where dy is read as
+  vectors along ``oc`` (in place or in panels) and the taps stay inside the tasks, each chunk
+  pads its own rows of dy in cache (``_blocked``).
 * few output tiles and a long K: the ``(b, ih)`` loop is split into ``P`` partial sums
   (``rfactor``) computed in parallel into ``local`` accumulator tiles, then added.
 
@@ -191,7 +192,7 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
     if _dy_in_panels(cfg, p):
         pad_why, fill = _pack_dy(sch, pad, p, cfg["inner"]["oc"])
     acc_name = sch.get(acc).name_hint
-    notes = [(out, "elementwise cast"), (pad, pad_why)]
+    notes = [(out, "elementwise cast")]
     if fill is not None:  # TVM's block writing the panels' zero padding
         _parallel(sch, sch.get_loops(fill)[:2], cores)
         notes.append((fill, "zeros of the last panels' padding: groups across cores"))
@@ -213,16 +214,18 @@ def schedule_deconv_grad_filter(sch, workload) -> None:
     in_chunk = False
     if cfg["parts"] == 1:
         in_chunk = _blocked(sch, acc, cfg, p, outer, (b, ih), iw, (r1, r2, vec), cores,
-                            pad if fill is None and not _dy_in_panels(cfg, p) else None)
+                            pad if fill is None else None)
     else:
         _split_k(sch, acc, cfg, outer, sch.fuse(b, ih), iw, (r1, r2, vec), cores)
     workload.note(acc_name, RULE, _tile_note(cfg))
     _elementwise(sch, out, lanes, cores)
     if in_chunk:
         vectorize_innermost(sch, pad, lanes, split_above=4 * lanes)
-        workload.note(sch.get(pad).name_hint, RULE, "dy padded per K chunk, in cache")
+        pad_why = "dy padded per K chunk, in cache" + (
+            f" ({pad_why})" if _dy_in_panels(cfg, p) else "")
     else:
         _elementwise(sch, pad, lanes, cores)
+    workload.note(sch.get(pad).name_hint, RULE, pad_why)
     schedule_fallbacks(sch, workload, tag.DECONV_GRAD_FILTER, RULE)
 
 
@@ -276,11 +279,13 @@ def _blocked(sch, acc, cfg, p, outer, f, iw, tile, cores, pad=None) -> bool:
     taps' rows ``kh`` and columns joining them where too few blocks share out evenly
     (:func:`parallel_lead`).
 
-    ``pad`` (dy read in place as vectors along oc, not in panels): dy is zero-padded per
+    ``pad`` (dy read as vectors along oc, in place or in panels): dy is zero-padded per
     chunk, rows of one image at a time, just before the taps read it, into a buffer of the
     chunk's size that stays in L2, instead of all of dy padded first (as large as dy, from
-    memory; dcgan bench layer, one and two EMR cores: 1.21x). Not where the taps are tasks
-    of their own, which would each pad the same chunk. Returns whether ``pad`` was placed."""
+    memory; dcgan bench layer, one and two EMR cores: 1.21x; in panels, grouped_g8 bench
+    layer, one and two Zen 4 cores: 1.01x / 1.055x, bit-identical). Not where the taps are
+    tasks of their own, which would each pad the same chunk, nor where TVM writes the last
+    panels' zeros in a block of its own. Returns whether ``pad`` was placed."""
     r1, r2, vec = tile
     g_o, oc_o, kh, kw_o, ic_o = outer
     b, ih = f

@@ -273,8 +273,9 @@ def test_dy_is_packed_into_panels_where_the_tile_broadcasts_it(c, why):
 # stride_w * out_c floats it strides over, else from panels of the tile's 32 channels.
 OC_VECTOR = [
     (D(2, 5, 6, 16, 10, 12, 32, 4, 2, 1, 1, 1), "elementwise pad"),  # uses 32 / 64
-    (D(2, 5, 6, 64, 10, 12, 128, 4, 2, 1, 1, 4),                      # uses 32 / 256
-     "pad into panels of 32 channels, 2 x 2 stride-phase planes"),
+    (D(2, 5, 6, 64, 10, 12, 128, 4, 2, 1, 1, 4),                      # uses 32 / 256,
+     "dy padded per K chunk, in cache (pad into panels of 32 channels, 2 x 2 stride-phase "
+     "planes)"),                                                       # panels per chunk
     (D(1, 4, 5, 48, 9, 11, 96, 3, 2, (1, 0), 1, 3),                   # odd padded extents:
      "pad into panels of 32 channels, 1 x 1 stride-phase planes"),    # no phase planes
 ]
@@ -387,6 +388,35 @@ def test_dy_is_padded_per_chunk_where_the_taps_stay_inside_a_task(cores, in_chun
         out = kernel_for(c, "float32", tgt)(dy_v, x_v)
         assert_close(out, ref_dw(dy_v, x_v, c["k"], c["s"], c["p"], c["d"], c["g"]),
                      "float32", case_id(c))
+
+
+# the grouped_g8 bench layer's shape, smaller: vectors along oc, dy in panels of a group's 32
+# channels (a step uses 32 of the 256 floats it strides over), one task per group
+GROUPED_SMALL = D(2, 6, 7, 128, 12, 14, 128, 4, 2, 1, 1, 4)
+
+
+@pytest.mark.parametrize("cores,in_chunk", [(1, True), (2, True), (16, False)])
+def test_dy_panels_are_padded_per_chunk_where_the_taps_stay_inside_a_task(cores, in_chunk):
+    """Each chunk (one image's rows) lays out its panels of dy inside the task that reads
+    them, instead of a pass over all of dy first; 16 cores make tasks of the taps, which
+    would each lay out the same chunk, so the pass stays. Bits as on one core, values as
+    the float64 reference."""
+    from tvm import te
+
+    c, tgt = GROUPED_SMALL, targets.get("x86-avx512").with_cores(cores)
+    dy = te.placeholder((c["b"], *c["out"]), "float32", name="dy")
+    x = te.placeholder((c["b"], *c["in"]), "float32", name="x")
+    dw = deconv_grad_filter(dy, x, kernel=c["k"], stride=c["s"], pad=c["p"], group=c["g"])
+    kernel = dsl.auto_schedule([dw], tgt)
+    sch = kernel.s_tir([dy, x, dw])
+    notes = {b: w for b, _, w in kernel.decisions}
+    panels = "pad into panels of 32 channels, 2 x 2 stride-phase planes"
+    assert notes["dy_pad"] == (f"dy padded per K chunk, in cache ({panels})" if in_chunk
+                               else panels), notes
+    pad_loops = [sch.get(lp).loop_var.name for lp in sch.get_loops(sch.get_sblock("dy_pad"))]
+    assert (pad_loops[1:3] == ["b", "ih_0"] or pad_loops[2:4] == ["b", "ih_0"]) == in_chunk, \
+        pad_loops
+    _agrees_with_one_core(c, cores, seed=9)
 
 
 @pytest.mark.parametrize("cores,tasks", [(16, 16), (8, 8), (4, 4)])
