@@ -51,3 +51,35 @@ def rebuild(stmt, visit, visit_loop=None):
             return stmt
         return tvm.tirx.IfThenElse(stmt.condition, then, other)
     return stmt
+
+
+def drop_proven_guards(func):
+    """``func`` where every injective block whose value is ``if_then_else(cond, a, b)`` with
+    ``cond`` true over the block's whole iteration domain stores ``a`` instead: a padding
+    stage of zero padding (``te.if_then_else(i >= 0 and i < H, x[i], 0)``, what generic conv
+    code writes for ``padding=0``) is then a plain copy, which the pattern rules inline into
+    its reader instead of copying the input (a user's 1x1 conv2d with such a stage, 8 x 40
+    -> 240 channels at 28 x 28: 0.83x PyTorch on one Zen 4 core, its copy made again in
+    every tile's task)."""
+    import tvm
+
+    def visit(block):
+        store = block.body
+        if not isinstance(store, tvm.tirx.BufferStore) or any(
+                int(iv.iter_type) != 0 for iv in block.iter_vars):
+            return None
+        value = store.value
+        if not (isinstance(value, tvm.ir.expr.Call)
+                and str(getattr(value.op, "name", "")).endswith("if_then_else")):
+            return None
+        ana = tvm.sym.Analyzer()
+        for iv in block.iter_vars:
+            ana.bind(iv.var, iv.dom)
+        if not ana.can_prove(value.args[0]):
+            return None
+        new = tvm.tirx.BufferStore(store.buffer, value.args[1], store.indices)
+        return with_block(block, body=new)
+
+    body = rebuild(func.body, visit)
+    return func if body.same_as(func.body) else tvm.tirx.PrimFunc(
+        func.params, body, func.ret_type, func.attrs)

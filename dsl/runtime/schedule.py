@@ -141,7 +141,8 @@ class Schedule:
         from dsl.runtime.run_if import side_outputs_to_buffers
 
         args = list(tensor_list or self.default_tensor_list())
-        if self.pattern_path():  # a user's strided dx: its zero taps split away
+        pattern = self.pattern_path()
+        if pattern:  # a user's strided dx: its zero taps split away
             from schedules.patterns.phases import split_phases
 
             args = split_phases(args)
@@ -154,7 +155,12 @@ class Schedule:
             func = te.create_prim_func(full, index_dtype_override="int64")
         else:
             func = te.create_prim_func(full)
-        return side_outputs_to_buffers(func, range(n_in, n_in + len(side)))
+        func = side_outputs_to_buffers(func, range(n_in, n_in + len(side)))
+        if pattern:  # a zero padding's stage is a copy the rules inline
+            from schedules.rewrite import drop_proven_guards
+
+            func = drop_proven_guards(func)
+        return func
 
     def pattern_path(self) -> bool:
         """Whether the pattern rules schedule this kernel (no operator rule claims it)."""

@@ -122,6 +122,7 @@ class BlockFacts:
     why: str = ""
     operands: tuple = ()   # contraction: (Access, Access)
     costly: bool = False   # calls a math function (exp, log, ...)
+    copy: bool = False     # elementwise, its value one load of a buffer its shape and dtype
 
     @property
     def injective(self) -> bool:
@@ -221,6 +222,11 @@ def _classify_injective(f: BlockFacts, body) -> None:
     f.kind = kind
     f.why = ("every iterator spatial, every read indexed by the output's iterators" if
              kind == "elementwise" else "every iterator spatial, a read broadcast along an axis")
+    f.copy = (kind == "elementwise" and len(f.reads) == 1 and loads_of(body.value)
+              and body.value.same_as(loads_of(body.value)[0])
+              and (f.reads[0].shape, f.reads[0].dtype) == (f.out_shape, f.out_dtype))
+    if f.copy:
+        f.why = "a copy of " + f.reads[0].buffer
 
 
 def _product_operands(value, out_name: str):

@@ -25,8 +25,10 @@ def inline_stages(sch, facts: dict, outputs: set, workload) -> list[str]:
         if not f.injective or name in outputs:
             continue
         users = consumers_of(facts, name)
-        if any(facts[u].kind == "contraction" or getattr(facts[u], "extra_where", "") ==
-               "window" for u in users):
+        # a plain copy costs a reader nothing to read through (a zero padding's stage,
+        # schedules.rewrite.drop_proven_guards); any other stage would be recomputed per tile
+        if not f.copy and any(facts[u].kind == "contraction" or getattr(
+                facts[u], "extra_where", "") == "window" for u in users):
             kept.append(name)
             continue
         if f.costly and len(users) > 1 and any(facts[u].reduce for u in users):

@@ -124,6 +124,8 @@ def test_user_conv2d_forward(geo, dtype):
     assert why.rule_of("conv") == "patterns.contraction", str(why)
     if pad:  # materialised once (or per row of the contraction), never inlined
         assert why.rule_of("xpad") in ("patterns.injective", "patterns.contraction"), str(why)
+    else:  # zero padding: its guard always holds, a copy of x read through (not copied)
+        assert why.rule_of("xpad") == "patterns.inline", str(why)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
