@@ -48,6 +48,14 @@ from schedules.patterns.common import (
 PANEL_BYTES_FRACTION = 2
 M_BLOCK_TILES = 64
 ACROSS_M_MARGIN = 1.25  # vectors along m only when clearly better: they cost a transpose
+# The transposing write-back of a tile with vectors along m costs about as much as this many
+# reduction steps of it, where V has no window along v: over a short reduction it outweighs
+# the better FMA-to-load ratio. A user's 1x1 conv2d over rows of 112 (7 zmm), one Zen 4 core,
+# along v / along m: 32 -> 192 channels 82 / 51 GFLOP/s, 64 -> 192 101 / 71, 96 -> 192
+# 89 / 81 (same-process A/B, 2 x 32 -> 192: 1.80x; 64: 1.42x; 128 -> 128: 1.13x; on two
+# cores 1.32x / 1.03x). A 3x3 one keeps the tile along m (16 -> 64 channels, 144 steps:
+# 84 / 95), its overlapping taps sharing the broadcasts.
+ACROSS_WRITE_BACK_STEPS = 64
 BLOCKS_PER_CORE = 2  # a task per m block only with this many blocks a core (load balance)
 ACROSS_S_LOAD_COST = 2.5  # an S vector from L2 against a V broadcast from L1
 # An AVX-512 tile along v with a partial vector, against a whole one: a user's grouped conv2d
@@ -282,8 +290,14 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], pad_ok=einsum)
     # an unpadded ragged tile along v keeps a partial vector inside the reduction
     ragged_v = not einsum and _ragged(f.extents[v], nv * lanes, lanes)
+    # a tile along v of whole full-width vectors, V's positions read bare (no window along
+    # v, whose overlapping taps share the broadcasts of a tile along m): across m must beat
+    # it with its write-back counted
+    whole_v = lanes == target.vector_bits // 32 and not _ragged(f.extents[v], nv * lanes, lanes)
+    steps = product(f.extents[x] for x in f.reduce) if whole_v and _taps_along(
+        f, v_op, v) == 1 else 0
     across = None if split or transposed else _across_m(target, f, s_op, m, v, score,
-                                                         ragged_v, v_op.grouped.get(m))
+                                                         ragged_v, v_op.grouped.get(m), steps)
     if across is not None:
         return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
                                   epilogue)
@@ -379,7 +393,7 @@ def _merit(rows: int, vectors: int) -> float:
 
 
 def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
-              ragged_v: bool = False, group: int | None = None):
+              ragged_v: bool = False, group: int | None = None, steps: int = 0):
     """``(mr, nv, lanes)`` of the tile with its vectors along ``m`` instead of ``v`` (``mr``
     output positions along ``v``, each a broadcast of ``V``; ``nv`` vectors of ``S`` packed
     along ``m``), when it beats the tile along ``v`` by :data:`ACROSS_M_MARGIN`: a windowed
@@ -391,7 +405,9 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
     :func:`fma_share`. None when ``S`` cannot be packed along ``m`` or no tile covers ``m``
     in whole vectors. ``group``: ``V`` reads ``m`` only as ``m // group`` (a grouped
     conv2d's input channels), so a tile's ``nv`` vectors must lie in one group, where that
-    read is one broadcast."""
+    read is one broadcast. ``steps``: the reduction's length where the tile along ``v`` is
+    whole full-width vectors, whose write-back is a plain store: the transposing one then
+    counts as :data:`ACROSS_WRITE_BACK_STEPS` more steps (0: not counted)."""
     full = max(1, target.vector_bits // 32)
     m_ext, v_ext = f.extents[m], f.extents[v]
     if group:
@@ -421,7 +437,16 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
     # the same measure the tile along v was chosen by, so the two compare
     mr, nv, lanes = best
     alike = _merit(mr, nv) * fma_share(target, lanes) * (0.6 if v_ext % mr else 1.0)
+    if steps:
+        alike /= 1 + ACROSS_WRITE_BACK_STEPS / steps
     return best if alike > ACROSS_M_MARGIN * score_along_v else None
+
+
+def _taps_along(f, op, var: str) -> int:
+    """The taps a window moves ``op``'s index along ``var`` by: the product of the extents of
+    the reduction iterators indexing the dimensions ``var`` indexes (1: no window)."""
+    dims = [vs for vs in op.index_vars if var in vs]
+    return product(f.extents[x] for vs in dims for x in vs if x in f.reduce)
 
 
 def _ragged(extent_: int, width: int, lanes: int) -> bool:

@@ -720,6 +720,11 @@ def specs() -> list[Spec]:
         _conv_spec("conv2d_nchw_3x3_g32_28x28x128",
                    {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 32},
                    {"n": 2, "c": 16, "k": 16, "hw": 12, "ks": 3, "pad": 1, "groups": 4}),
+        # MobileNetV2's expansion 1x1 (32 -> 192 channels, 112 x 112): a short reduction over
+        # rows of whole zmm vectors, its tile along the rows (no transposing write-back)
+        _conv_spec("conv2d_nchw_1x1_112x112_32to192_b2",
+                   {"n": 2, "c": 32, "k": 192, "hw": 112, "ks": 1, "pad": 0},
+                   {"n": 2, "c": 8, "k": 24, "hw": 16, "ks": 1, "pad": 0}),
         Spec("dx_nchw_3x3_s2_56x56x128", "conv2d_dx",
              {"full": {"n": 1, "c": 128, "k": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 2},
               "tiny": {"n": 2, "c": 5, "k": 7, "hw": 9, "ks": 3, "pad": 1, "stride": 2}},
