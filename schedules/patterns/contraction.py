@@ -56,6 +56,15 @@ ACROSS_M_MARGIN = 1.25  # vectors along m only when clearly better: they cost a 
 # cores 1.32x / 1.03x). A 3x3 one keeps the tile along m (16 -> 64 channels, 144 steps:
 # 84 / 95), its overlapping taps sharing the broadcasts.
 ACROSS_WRITE_BACK_STEPS = 64
+# The same for a tile of an odd number of output positions over 4 (7): its write-back goes
+# lane by lane (inserts and extracts), not in blocks of shuffles. A user's 1x1 conv2d,
+# same-process A/B, one / two Zen 4 cores, 7 x 3 -> 4 x 3 tiles: 4x24x56x56 -> 144 1.23x /
+# 1.21x, 8x40x28x28 -> 240 1.29x / 1.24x; over rows of 14 (96 steps) 8 x 2 ran 1.03x faster
+# than 7 x 3 (kept: a ragged 8-tile). Counted over reductions of ODD_TILE_SHORT steps at most:
+# over longer ones it is a few percent, and the tiles it would swap measured alike (a 3x3
+# stride-2 conv2d of 64 channels, 7 x 2 or 4 x 4: 0.99-1.01x).
+ODD_TILE_WRITE_BACK_STEPS = 32
+ODD_TILE_SHORT = 128
 BLOCKS_PER_CORE = 2  # a task per m block only with this many blocks a core (load balance)
 ACROSS_S_LOAD_COST = 2.5  # an S vector from L2 against a V broadcast from L1
 # An AVX-512 tile along v with a partial vector, against a whole one: a user's grouped conv2d
@@ -407,7 +416,9 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
     conv2d's input channels), so a tile's ``nv`` vectors must lie in one group, where that
     read is one broadcast. ``steps``: the reduction's length where the tile along ``v`` is
     whole full-width vectors, whose write-back is a plain store: the transposing one then
-    counts as :data:`ACROSS_WRITE_BACK_STEPS` more steps (0: not counted)."""
+    counts as :data:`ACROSS_WRITE_BACK_STEPS` more steps (0: not counted). A tile of an odd
+    number of positions counts :data:`ODD_TILE_WRITE_BACK_STEPS` more."""
+    k_steps = product(f.extents[x] for x in f.reduce)
     full = max(1, target.vector_bits // 32)
     m_ext, v_ext = f.extents[m], f.extents[v]
     if group:
@@ -430,6 +441,8 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
                          * (0.6 if v_ext % mr else 1.0))
                 if mr * nv < 8:
                     score *= 0.7
+                if mr > 4 and mr % 2 and k_steps <= ODD_TILE_SHORT:  # lane by lane
+                    score /= 1 + ODD_TILE_WRITE_BACK_STEPS / k_steps
                 if score > best_score:
                     best, best_score = (mr, nv, lanes), score
     if best is None or ragged_v:  # along v, a partial vector: slower than any of these
