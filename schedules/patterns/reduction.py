@@ -451,19 +451,21 @@ def _tap_sums_channels(sch, name: str, f, along: str, target) -> Detail:
 
 
 def in_partial_sums(sch, name: str, f, tasks: int, target, nest, what: str,
-                    axes: int = 2) -> str | None:
+                    axes: int = 2) -> Detail | None:
     """Block ``name`` (facts ``f``) in partial sums where its ``tasks`` leave cores idle
     (:func:`_partial_sums`): ``nest(partial-sum block's name, its facts)`` schedules the
-    parts and returns their note, then the parts are added (:func:`_sum_partials`).
-    ``what``: the tasks it had, for the note. Returns the note, or None (nothing changed:
-    the caller schedules ``name`` whole)."""
+    parts and returns their note (a string, or a :class:`Detail` with the stages it
+    computed inside), then the parts are added (:func:`_sum_partials`). ``what``: the tasks
+    it had, for the note. Returns the note, or None (nothing changed: the caller schedules
+    ``name`` whole)."""
     split = _partial_sums(sch, name, f, tasks, target, axes)
     if split is None:
         return None
     g, rf, parts, axis = split
     note = nest(sch.get(rf).name_hint, g)
     _sum_partials(sch, name, target)
-    return note + _partials_note(parts, axis, what)
+    return Detail(str(note) + _partials_note(parts, axis, what),
+                  also=tuple(getattr(note, "also", ())))
 
 
 def _partial_sums(sch, name: str, f, tasks: int, target, axes: int = 2):
