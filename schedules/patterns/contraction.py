@@ -363,12 +363,13 @@ TASK_PAD_REPEAT = 1.5
 
 
 def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=()) -> list[str]:
-    """Loops ``[outer.., m0, v0, m1, reduction.., mr, nv, lanes]``; the tile in registers.
-    The padding stage of an operand (``operands``: their buffers) is computed in each
-    parallel task, for the part the task reads, where those parts repeat the whole at most
-    :data:`TASK_PAD_REPEAT` times: a pass of its own wrote the padded copy to memory and
-    read it back (a user's NHWC 8x112x112x32 3x3 stride-2 conv2d: 12.8 MB). Returns the
-    stages moved."""
+    """Loops ``[outer.., m0, v0, m1, reduction.., mr, nv, lanes]``; the tile in registers;
+    the outer loops and ``m0`` across cores, or the outer ones alone with the last split in
+    tasks of :func:`_task_rows` rows. The padding stage of an operand (``operands``: their
+    buffers) is computed in each parallel task, for the part the task reads, where those
+    parts repeat the whole at most :data:`TASK_PAD_REPEAT` times: a pass of its own wrote
+    the padded copy to memory and read it back (a user's NHWC 8x112x112x32 3x3 stride-2
+    conv2d: 12.8 MB). Returns the stages moved."""
     m, mr, m1 = m_tile
     v, nv, lanes = v_tile
     v_ext = f.extents[v]
@@ -433,6 +434,8 @@ def _task_rows(f, outer: list, operands, target) -> int:
     cores (a user's NHWC 3x3 stride-1 conv2d: 3 padded rows for each row, 6 for each 4;
     8x112x112x16: 1.075x / 1.057x on one / two Zen 4 cores; a 460 KB pad that stays in L2
     measured 0.97-0.99x so)."""
+    import tvm
+
     from schedules import toolbox as tb
     from schedules.patterns.analysis import stride_in
 
@@ -441,9 +444,8 @@ def _task_rows(f, outer: list, operands, target) -> int:
     axis, n = outer[-1], f.extents[outer[-1]]
     others = product(f.extents[x] for x in outer[:-1])
     for op in f.operands:
-        if op.buffer not in operands or product(op.shape) * (
-                int("".join(ch for ch in op.dtype if ch.isdigit()) or 32) // 8) <= \
-                target.l2_kib * 1024:
+        size = product(op.shape) * tvm.runtime.DataType(op.dtype).bits // 8
+        if op.buffer not in operands or size <= target.l2_kib * 1024:
             continue
         for ix, names in zip(op.indices, op.index_vars):
             step = stride_in(ix, axis) if axis in names else 0
