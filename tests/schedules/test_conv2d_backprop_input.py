@@ -232,13 +232,18 @@ def test_where_each_task_pads_its_rows_of_dy(c, cores, in_task):
 @pytest.mark.parametrize("c", [c for c, _, in_task in IN_TASK_PAD if in_task], ids=case_id)
 def test_dx_that_pads_in_each_task_matches_the_reference(c):
     """In float32 and float16, and with a NaN weight (the exact twin reads dy itself now)."""
-    tgt = host_with(4, 2)
+    _matches_with_a_nan_weight(c, host_with(4, 2), (3, 5, 0, 1))
+
+
+def _matches_with_a_nan_weight(c, tgt, at: tuple) -> None:
+    """dx of case ``c`` built for ``tgt`` against the float64 reference in float32 and
+    float16, and with a NaN weight at ``at``: NaN exactly where the reference has it."""
     shape = (c["n"], c["cin"], c["h"], c["w"])
     for dtype, nan in (("float32", False), ("float16", False), ("float32", True)):
         dy, w = dx_data(c, dtype)
         if nan:
             w = w.copy()
-            w[3, 5, 0, 1] = np.nan
+            w[at] = np.nan
         kernel = dx_kernel(c, dtype, "float32", tgt)
         out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
         with np.errstate(invalid="ignore"):
@@ -298,18 +303,4 @@ def test_where_few_channel_dx_runs_in_tasks_of_rows(c, cores, in_task):
 def test_few_channel_dx_in_tasks_matches_the_reference(c):
     """float32, float16, and a NaN weight (the exact twins read dy itself, outside the
     tasks)."""
-    tgt = host_with(48, 2)
-    shape = (c["n"], c["cin"], c["h"], c["w"])
-    for dtype, nan in (("float32", False), ("float16", False), ("float32", True)):
-        dy, w = dx_data(c, dtype)
-        if nan:
-            w = w.copy()
-            w[3, 1, 0, 2] = np.nan
-        kernel = dx_kernel(c, dtype, "float32", tgt)
-        out = nc1hwc0_to_nchw(kernel(weight_to_fracz(w, 1), nchw_to_5hd(dy)), c["cin"])
-        with np.errstate(invalid="ignore"):
-            ref = ref_dx(dy, w, shape, c["stride"], c["pads"], c["dil"], 1)
-        assert np.array_equal(np.isnan(out), np.isnan(ref)), f"{case_id(c)} {dtype} {nan}"
-        assert not nan or np.isnan(ref).any() and not np.isnan(ref).all()
-        finite = ~np.isnan(ref)
-        assert_close(out[finite], ref[finite], "float32", f"{case_id(c)} {dtype} {nan}")
+    _matches_with_a_nan_weight(c, host_with(48, 2), (3, 1, 0, 2))
