@@ -119,8 +119,10 @@ def positions_in_tasks(sch, workload, accs) -> bool:
     if halo is None:
         return False
     halo -= 1
-    _, cout, _, wp = (int(d) for d in sch.get(pad).writes[0].source.shape)
-    fit = int(target.l2_kib * 1024 * TASK_PAD_L2_SHARE) // (cout * wp * 4) - halo
+    buf = sch.get(pad).writes[0].source
+    _, cout, _, wp = (int(d) for d in buf.shape)
+    fit = int(target.l2_kib * 1024 * TASK_PAD_L2_SHARE) // (cout * wp * buf.dtype.bits // 8) \
+        - halo
     rows, share = tb.sharing_choice(
         [r for r in sorted(tb.divisors(hq), reverse=True) if r <= fit] or [1],
         lambda r: n * c1 * (hq // r), target.cores)

@@ -222,8 +222,9 @@ def _classify_injective(f: BlockFacts, body) -> None:
     f.kind = kind
     f.why = ("every iterator spatial, every read indexed by the output's iterators" if
              kind == "elementwise" else "every iterator spatial, a read broadcast along an axis")
-    f.copy = (kind == "elementwise" and len(f.reads) == 1 and loads_of(body.value)
-              and body.value.same_as(loads_of(body.value)[0])
+    from tvm.ir.expr import TensorLoad
+
+    f.copy = (kind == "elementwise" and isinstance(body.value, TensorLoad)
               and (f.reads[0].shape, f.reads[0].dtype) == (f.out_shape, f.out_dtype))
     if f.copy:
         f.why = "a copy of " + f.reads[0].buffer

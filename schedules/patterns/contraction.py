@@ -447,15 +447,15 @@ def _task_rows(f, outer: list, operands, target) -> int:
         size = product(op.shape) * tvm.runtime.DataType(op.dtype).bits // 8
         if op.buffer not in operands or size <= target.l2_kib * 1024:
             continue
-        for ix, names in zip(op.indices, op.index_vars):
-            step = stride_in(ix, axis) if axis in names else 0
-            taps = product(f.extents[x] for x in names if x in f.reduce)
-            if not step or taps <= 1:
-                continue
-            for r in tb.divisors(n):
-                if ((r - 1) * step + taps) / (r * step) <= TASK_PAD_REPEAT:
-                    share = tb.task_share(others * (n // r), target.cores)
-                    return r if r > 1 and share >= tb.BALANCE_MIN else 1
+        dims = [ix for ix, names in zip(op.indices, op.index_vars) if axis in names]
+        step = stride_in(dims[0], axis) if len(dims) == 1 else 0
+        taps = _taps_along(f, op, axis)
+        if not step or taps <= 1:
+            continue
+        for r in tb.divisors(n):
+            if ((r - 1) * step + taps) / (r * step) <= TASK_PAD_REPEAT:
+                share = tb.task_share(others * (n // r), target.cores)
+                return r if r > 1 and share >= tb.BALANCE_MIN else 1
     return 1
 
 
