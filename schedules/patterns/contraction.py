@@ -75,6 +75,10 @@ RAGGED_V_512 = 0.1
 # and the accumulators stay in registers (8x64x12x12, 3x3 to 20 channels, one Zen 4 core:
 # 0.456 ms so, 0.618 in 3 quarter registers a row)
 ONE_PARTIAL_V = 0.3
+# A windowed contraction's v is padded to whole full-width vectors (_pad_v) only where that
+# tile's useful FLOPs beat the unpadded one's by this much: the padding costs a copy of V and
+# a cropping write-back (12 channels, one partial zmm either way: 0.99x padded).
+PAD_V_MARGIN = 1.1
 
 
 def vector_registers(target) -> int:
@@ -193,6 +197,17 @@ def _m_blocks(m_tiles: int, limit: int) -> int:
     return max(ok) if ok else min(waste, key=lambda b: (waste[b], -b))
 
 
+def _block_tiles(f, m: str, v: str, mr: int, nv_lanes: int, target) -> int:
+    """Micro-tiles per L2 block: as many as keep the block's S slice in
+    1/:data:`PANEL_BYTES_FRACTION` of L2 (at most :data:`M_BLOCK_TILES`), fewer where the
+    tasks would leave cores idle (:func:`_blocks_for_cores`)."""
+    k_elems = product(f.extents[x] for x in f.reduce)
+    limit = min(M_BLOCK_TILES,
+                (target.l2_kib << 10) // PANEL_BYTES_FRACTION // (4 * k_elems * mr))
+    return _blocks_for_cores(f, m, v, mr, nv_lanes, _m_blocks(-(-f.extents[m] // mr), limit),
+                             target.cores)
+
+
 def _blocks_for_cores(f, m: str, v: str, mr: int, nv_lanes: int, m1: int, cores: int) -> int:
     """Micro-tiles per L2 block (``m1`` the cache's choice), fewer where the tasks of
     :func:`_micro_kernel` (the other output axes x the m blocks, x the v blocks where those
@@ -244,6 +259,56 @@ def _pad_tiles(sch, name: str, f, pads: dict):
     sch.pad_einsum(sch.get_sblock(name), padding)
     made = [sch.get(b).name_hint for b in root_blocks(sch)]
     return block_facts(sch, sch.get_sblock(name)), [n for n in made if n not in before]
+
+
+def _pad_v(sch, name: str, f, target, tile: tuple, score: float):
+    """Pad a windowed contraction's ``v`` to whole tiles of full-width vectors where they put
+    :data:`PAD_V_MARGIN` times the useful FLOPs of the unpadded ``tile`` into the output
+    (:func:`_useful_fmas`). Only where ``V`` reads ``v`` as a plain index and ``S`` lacks it
+    (an NHWC conv2d's weight): ``V`` becomes a zero-padded copy and the block writes a
+    padded buffer, which a crop block copies out (fused into the tile's write-back by
+    :func:`_micro_kernel`). TVM's ``pad_einsum`` refuses a windowed ``S``, so ``S``'s read
+    is re-indexed by the block's iterators first (``reindex``) and inlined back after.
+    Returns ``(facts of the padded block, crop block, the other new blocks)`` or None."""
+    from schedules.patterns.analysis import block_facts, root_blocks
+
+    s_op, v_op, m, v, _ = roles(f)
+    full = max(1, target.vector_bits // 32)
+    v_ext = f.extents[v]
+    if v_ext % full == 0 or not any(str(ix) == v for ix in v_op.indices) or \
+            sum(v in vs for vs in v_op.index_vars) != 1:
+        return None
+    # to whole tiles of 1..4 vectors: 100 channels are 7 vectors, or 2 tiles of 4
+    widths = {-(-v_ext // (k * full)) * k * full for k in range(1, 5)}
+    padded = max(widths, key=lambda p: scored_tile(target, f.extents[m], p)[1] / p)
+    if _useful_fmas(target, scored_tile(target, f.extents[m], padded), v_ext, padded) <= \
+            PAD_V_MARGIN * _useful_fmas(target, (tile, score), v_ext):
+        return None
+    blk = sch.get_sblock(name)
+    s_idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == s_op.buffer)
+    before = {sch.get(b).name_hint for b in root_blocks(sch)}
+    reindexed = sch.reindex(blk, ("read", s_idx))
+    sch.pad_einsum(blk, [padded if x == v else 1 for x in [*f.spatial, *f.reduce]])
+    sch.compute_inline(reindexed)
+    crop = sch.get(sch.get_consumers(blk)[0]).name_hint
+    made = [sch.get(b).name_hint for b in root_blocks(sch)]
+    return block_facts(sch, blk), crop, [n for n in made if n not in before and n != crop]
+
+
+def _useful_fmas(target, scored: tuple, v_ext: int, computed: int = 0) -> float:
+    """The share of the FMA units' FLOPs a scored tile (:func:`scored_tile`) puts into
+    ``v_ext`` output lanes: its FMAs' width (:func:`fma_share`), the lanes it computes past
+    ``v_ext`` (``computed`` in all where padded) and its score's penalties (ragged edges,
+    few accumulators), not its FMAs per load: every tile here has enough of those to keep
+    the FMA units busy. A user's NHWC conv2d of 36, 20 or 116 output channels, one Zen 4
+    core: 1.49x, 1.22x and 1.97x faster padded to 48, 32 and 128 than in quarter registers
+    (an xmm FMA does half a zmm's work there); of 24 or 40, in ymm (full rate there), 0.76x
+    and 0.83x padded."""
+    (mr, nv, lanes), score = scored
+    full = max(1, target.vector_bits // 32)
+    penalties = score / (_merit(mr, nv) * lanes / full)
+    computed = computed or -(-v_ext // lanes) * lanes
+    return fma_share(target, lanes) * v_ext / computed * penalties
 
 
 def _should_pack(v_op, f, v: str, nr: int, m_ext: int, mr: int) -> bool:
@@ -311,11 +376,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
                                   epilogue)
     nv_lanes = min(nv * lanes, f.extents[v])
-    k_elems = product(f.extents[x] for x in f.reduce)
-    limit = min(M_BLOCK_TILES,
-                (target.l2_kib << 10) // PANEL_BYTES_FRACTION // (4 * k_elems * mr))
-    m1 = _blocks_for_cores(f, m, v, mr, nv_lanes, _m_blocks(-(-f.extents[m] // mr), limit),
-                           target.cores)
+    m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
     if parts_ok and epilogue is None and split is None:
         # too few tiles for the cores (a user's NHWC conv2d dw, 64 x 64 channels, 3 x 3
         # taps: 144, 0.75 of 64 cores by the static model of dsl/runtime/scaling.py): each
@@ -326,13 +387,21 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
                                "tiles")
         if note is not None:
             return note
+    crop, v_copies = None, []
+    padded = None if einsum else _pad_v(sch, name, f, target, (mr, nv, lanes), score)
+    if padded is not None:
+        f, crop, v_copies = padded
+        (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v])
+        nv_lanes = min(nv * lanes, f.extents[v])
+        m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
     f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: nv_lanes} if einsum else {})
     s_op, v_op, m, v, transposed = roles(f)
     m_ext = f.extents[m]
     blk = sch.get_sblock(name)
     pack = None
     if transposed or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
-        pack = _pack(sch, blk, v_op, f, v, nv_lanes)
+        # the zero-padded copy of V is laid out as it is made
+        pack = _pack(sch, blk, v_op, f, v, nv_lanes, copy=v_op.buffer not in v_copies)
     if copies and s_op.buffer.endswith("_pad") and m_ext % mr == 0 and s_op.index_vars[-1] & \
             set(f.reduce):
         # the zero-padded copy of S is made anyway: lay it out so the broadcasts of one
@@ -340,15 +409,18 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         _pack(sch, blk, s_op, f, m, mr, copy=False)
     # the user's padding stages (not the copies padding the domain to whole tiles)
     own = [op.buffer for op in (s_op, v_op) if op.buffer in facts and op.buffer not in copies]
-    inside = _micro_kernel(sch, blk, f, (m, mr, m1), (v, nv, lanes), target, epilogue, own)
+    inside = _micro_kernel(sch, blk, f, (m, mr, m1), (v, nv, lanes), target, epilogue, own,
+                           crop)
     packed = [sch.get(pack).name_hint] if pack is not None else []
-    for stage in [*(split or []), *copies, *packed]:
+    for stage in [*(split or []), *copies, *v_copies, *packed]:
         schedule_injective(sch, stage, target)
     return Detail(("input phase-split by the stride, " if split is not None else "")
                   + f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) "
                   f"over {m} x {v}, {m1} tiles per L2 block"
                   + (", V packed" if pack is not None else "")
                   + (", domain padded to whole tiles" if copies else "")
+                  + (f", {v} padded to {f.extents[v]} (cropped in the write-back)"
+                     if crop else "")
                   + (f", {', '.join(inside)} computed per parallel task" if inside else ""),
                   also=tuple(inside))
 
@@ -362,7 +434,8 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
 TASK_PAD_REPEAT = 1.5
 
 
-def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=()) -> list[str]:
+def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=(),
+                  crop: str | None = None) -> list[str]:
     """Loops ``[outer.., m0, v0, m1, reduction.., mr, nv, lanes]``; the tile in registers;
     the outer loops and ``m0`` across cores, or the outer ones alone with the last split in
     tasks of :func:`_task_rows` rows. The padding stage of an operand (``operands``: their
@@ -407,7 +480,11 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=()) ->
     fused = sch.fuse(*par) if len(par) > 1 else par[0]
     if target.cores > 1 and extent(sch, fused) >= 2:
         sch.parallel(fused)
-    wb = sch.cache_write(blk, 0, "local")
+    if crop is None:
+        wb = sch.cache_write(blk, 0, "local")
+    else:  # the padded output lives in the tile's registers; the crop is its write-back
+        sch.set_scope(blk, 0, "local")
+        wb = sch.get_sblock(crop)
     if epilogue is not None:
         sch.reverse_compute_inline(sch.get_sblock(epilogue))
     sch.reverse_compute_at(wb, m1l, preserve_unit_loops=True)
