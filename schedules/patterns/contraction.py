@@ -152,7 +152,11 @@ def scored_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False):
                 if _ragged(v_ext, nv * lanes, lanes):
                     # one partial vector the whole row: the same mask every step, in registers
                     whole_row = nv == 1 and lanes > v_ext
-                    score *= 0.75 if pad_ok else ONE_PARTIAL_V if whole_row else v_ragged
+                    if pad_ok and not whole_row:  # padded: counted in the lanes it keeps
+                        # (49 columns: 4 vectors in one tile of 4, but 6 in two tiles of 3)
+                        score *= 0.75 * v_ext / (-(-v_ext // (nv * lanes)) * nv * lanes)
+                    else:
+                        score *= 0.75 if pad_ok else ONE_PARTIAL_V if whole_row else v_ragged
                 if m_ext % mr:
                     score *= 0.75 if pad_ok else 0.6
                 if score > best_score:
@@ -394,9 +398,12 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v])
         nv_lanes = min(nv * lanes, f.extents[v])
         m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
-    f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: nv_lanes} if einsum else {})
+    # v to whole tiles (20 columns in two vectors: no partial one inside the reduction), a
+    # row shorter than one vector excepted (its one partial vector runs as fast)
+    v_pad = nv * lanes if f.extents[v] > lanes else nv_lanes
+    f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: v_pad} if einsum else {})
     s_op, v_op, m, v, transposed = roles(f)
-    m_ext = f.extents[m]
+    m_ext, nv_lanes = f.extents[m], min(nv * lanes, f.extents[v])
     blk = sch.get_sblock(name)
     pack = None
     if transposed or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
