@@ -75,10 +75,10 @@ RAGGED_V_512 = 0.1
 # and the accumulators stay in registers (8x64x12x12, 3x3 to 20 channels, one Zen 4 core:
 # 0.456 ms so, 0.618 in 3 quarter registers a row)
 ONE_PARTIAL_V = 0.3
-# A windowed contraction's v is padded to whole full-width vectors (_pad_v) only where that
-# tile's useful FLOPs beat the unpadded one's by this much: the padding costs a copy of V and
-# a cropping write-back (12 channels, one partial zmm either way: 0.99x padded).
-PAD_V_MARGIN = 1.1
+# A windowed contraction's v (or, for a tile along m, m) is padded to whole full-width
+# vectors (_pad_v, _across_m_padded) only where that tile's useful FLOPs (_useful_fmas) beat
+# the unpadded tile's by this much: the padding costs a copy and a cropping write-back.
+PAD_MARGIN = 1.1
 
 
 def vector_registers(target) -> int:
@@ -265,17 +265,13 @@ def _pad_tiles(sch, name: str, f, pads: dict):
     return block_facts(sch, sch.get_sblock(name)), [n for n in made if n not in before]
 
 
-def _pad_v(sch, name: str, f, target, tile: tuple, score: float):
+def _pad_v(sch, name: str, f, target, tile: tuple):
     """Pad a windowed contraction's ``v`` to whole tiles of full-width vectors where they put
-    :data:`PAD_V_MARGIN` times the useful FLOPs of the unpadded ``tile`` into the output
+    :data:`PAD_MARGIN` times the useful FLOPs of the unpadded ``tile`` into the output
     (:func:`_useful_fmas`). Only where ``V`` reads ``v`` as a plain index and ``S`` lacks it
-    (an NHWC conv2d's weight): ``V`` becomes a zero-padded copy and the block writes a
-    padded buffer, which a crop block copies out (fused into the tile's write-back by
-    :func:`_micro_kernel`). TVM's ``pad_einsum`` refuses a windowed ``S``, so ``S``'s read
-    is re-indexed by the block's iterators first (``reindex``) and inlined back after.
-    Returns ``(facts of the padded block, crop block, the other new blocks)`` or None."""
-    from schedules.patterns.analysis import block_facts, root_blocks
-
+    (an NHWC conv2d's weight, then a zero-padded copy; the crop of the output is fused into
+    the tile's write-back by :func:`_micro_kernel`). Returns :func:`_pad_axis`'s ``(facts,
+    crop block, other new blocks)``, or None."""
     s_op, v_op, m, v, _ = roles(f)
     full = max(1, target.vector_bits // 32)
     v_ext = f.extents[v]
@@ -285,34 +281,68 @@ def _pad_v(sch, name: str, f, target, tile: tuple, score: float):
     # to whole tiles of 1..4 vectors: 100 channels are 7 vectors, or 2 tiles of 4
     widths = {-(-v_ext // (k * full)) * k * full for k in range(1, 5)}
     padded = max(widths, key=lambda p: scored_tile(target, f.extents[m], p)[1] / p)
-    if _useful_fmas(target, scored_tile(target, f.extents[m], padded), v_ext, padded) <= \
-            PAD_V_MARGIN * _useful_fmas(target, (tile, score), v_ext):
+    m_ext = f.extents[m]
+    if _useful_fmas(target, micro_tile(target, m_ext, padded), m_ext, v_ext, padded) <= \
+            PAD_MARGIN * _useful_fmas(target, tile, m_ext, v_ext):
         return None
-    blk = sch.get_sblock(name)
-    s_idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == s_op.buffer)
+    return _pad_axis(sch, name, f, v, padded)
+
+
+def _pad_axis(sch, name: str, f, axis: str, padded: int):
+    """Pad contraction ``name``'s iterator ``axis`` to ``padded`` (TVM's ``pad_einsum``: the
+    operand that reads it a zero-padded copy, the block writing a padded buffer that a crop
+    block copies out). ``pad_einsum`` refuses a windowed operand, so the one lacking ``axis``
+    has its read re-indexed by the block's iterators first (``reindex``) and inlined back
+    after. Returns ``(facts of the padded block, crop block, the other new blocks)``, or
+    None where TVM refuses (the block unchanged)."""
+    from schedules.patterns.analysis import block_facts, root_blocks
+
+    def pad(s):
+        blk = s.get_sblock(name)
+        lacking = [op for op in f.operands if axis not in op.all_vars() and not _pure(op)]
+        reindexed = []
+        for op in lacking:
+            reads = [r.source.name for r in s.get(blk).reads]
+            reindexed.append(s.reindex(blk, ("read", reads.index(op.buffer))))
+        s.pad_einsum(blk, [padded if x == axis else 1 for x in [*f.spatial, *f.reduce]])
+        for r in reindexed:
+            s.compute_inline(r)
+        return blk
+
+    try:
+        pad(sch.copy())
+    except Exception:  # noqa: BLE001 - an operand TVM cannot pad: keep the block
+        return None
     before = {sch.get(b).name_hint for b in root_blocks(sch)}
-    reindexed = sch.reindex(blk, ("read", s_idx))
-    sch.pad_einsum(blk, [padded if x == v else 1 for x in [*f.spatial, *f.reduce]])
-    sch.compute_inline(reindexed)
+    blk = pad(sch)
     crop = sch.get(sch.get_consumers(blk)[0]).name_hint
     made = [sch.get(b).name_hint for b in root_blocks(sch)]
     return block_facts(sch, blk), crop, [n for n in made if n not in before and n != crop]
 
 
-def _useful_fmas(target, scored: tuple, v_ext: int, computed: int = 0) -> float:
-    """The share of the FMA units' FLOPs a scored tile (:func:`scored_tile`) puts into
+def _v_padded(v_ext: int, nv: int, lanes: int) -> int:
+    """The lanes an einsum's tile of ``nv`` vectors of ``lanes`` computes along ``v`` once
+    :func:`_pad_tiles` pads it: whole tiles (20 columns in two vectors: no partial one inside
+    the reduction), a row shorter than one vector excepted (its one partial vector runs as
+    fast)."""
+    return -(-v_ext // (nv * lanes)) * nv * lanes if v_ext > lanes else v_ext
+
+
+def _useful_fmas(target, tile: tuple, m_ext: int, v_ext: int, computed: int = 0) -> float:
+    """The share of the FMA units' FLOPs a tile along ``v`` (:func:`scored_tile`) puts into
     ``v_ext`` output lanes: its FMAs' width (:func:`fma_share`), the lanes it computes past
-    ``v_ext`` (``computed`` in all where padded) and its score's penalties (ragged edges,
-    few accumulators), not its FMAs per load: every tile here has enough of those to keep
-    the FMA units busy. A user's NHWC conv2d of 36, 20 or 116 output channels, one Zen 4
-    core: 1.49x, 1.22x and 1.97x faster padded to 48, 32 and 128 than in quarter registers
-    (an xmm FMA does half a zmm's work there); of 24 or 40, in ymm (full rate there), 0.76x
-    and 0.83x padded."""
-    (mr, nv, lanes), score = scored
-    full = max(1, target.vector_bits // 32)
-    penalties = score / (_merit(mr, nv) * lanes / full)
-    computed = computed or -(-v_ext // lanes) * lanes
-    return fma_share(target, lanes) * v_ext / computed * penalties
+    ``v_ext`` (``computed`` in all where padded) and the stalls :func:`scored_tile` counts
+    (a guarded partial vector inside the reduction, few accumulators, a ragged ``m``); not
+    its FMAs per load, which every tile here has enough of to keep the FMA units busy. A
+    user's NHWC conv2d of 36, 20 or 116 output channels, one Zen 4 core: 1.49x, 1.22x and
+    1.97x faster padded to 48, 32 and 128 than in quarter registers (an xmm FMA does half a
+    zmm's work there); of 24 or 40, in ymm (full rate there), 0.76x and 0.83x padded; of 12,
+    one partial zmm either way, 0.99x."""
+    mr, nv, lanes = tile
+    useful = fma_share(target, lanes) * v_ext / max(computed, -(-v_ext // lanes) * lanes)
+    if computed <= v_ext and _ragged(v_ext, nv * lanes, lanes) and not (nv == 1 and lanes > v_ext):
+        useful *= RAGGED_V_512 if target.vector_bits >= 512 else 0.6
+    return useful * (0.7 if mr * nv < 8 else 1.0) * (0.6 if m_ext % mr else 1.0)
 
 
 def _should_pack(v_op, f, v: str, nr: int, m_ext: int, mr: int) -> bool:
@@ -376,6 +406,16 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         f, v_op, v) == 1 else 0
     across = None if split or transposed else _across_m(target, f, s_op, m, v, score,
                                                          ragged_v, v_op.grouped.get(m), steps)
+    padded_m = None
+    if across is None and not split and not transposed and m not in v_op.grouped:
+        v_computed = _v_padded(f.extents[v], nv, lanes) if einsum else 0
+        padded_m = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed)
+    if padded_m is not None:
+        grown = _pad_axis(sch, name, f, m, padded_m[1])
+        if grown is not None:
+            f, crop, made = grown
+            return _schedule_across_m(sch, name, f, roles(f)[:4], padded_m[0], target,
+                                      epilogue, (crop, made))
     if across is not None:
         return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
                                   epilogue)
@@ -392,15 +432,13 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         if note is not None:
             return note
     crop, v_copies = None, []
-    padded = None if einsum else _pad_v(sch, name, f, target, (mr, nv, lanes), score)
+    padded = None if einsum else _pad_v(sch, name, f, target, (mr, nv, lanes))
     if padded is not None:
         f, crop, v_copies = padded
         (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v])
         nv_lanes = min(nv * lanes, f.extents[v])
         m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
-    # v to whole tiles (20 columns in two vectors: no partial one inside the reduction), a
-    # row shorter than one vector excepted (its one partial vector runs as fast)
-    v_pad = nv * lanes if f.extents[v] > lanes else nv_lanes
+    v_pad = _v_padded(f.extents[v], nv, lanes)
     f, copies = _pad_tiles(sch, name, f, {m: mr * m1, v: v_pad} if einsum else {})
     s_op, v_op, m, v, transposed = roles(f)
     m_ext, nv_lanes = f.extents[m], min(nv * lanes, f.extents[v])
@@ -590,24 +628,9 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
         return None
     # half-width vectors only where full ones do not divide m (40 channels: 5 ymm)
     lanes = full if m_ext % full == 0 or full < 8 else full // 2
-    best, best_score = None, 0.0
-    if m_ext % lanes == 0:
-        for nv in range(1, 5 if lanes == full else 8):
-            if m_ext % (nv * lanes):
-                continue
-            # registers LLVM keeps for the broadcasts it shares between overlapping window
-            # taps: 14 x 2 accumulators spill, 10 x 2 do not
-            for mr in range(1, min(v_ext, (vector_registers(target) - nv - 8) // nv) + 1):
-                # S's vectors stream from L2 (its panel spans the whole reduction), V's
-                # broadcasts hit L1: an S load costs more
-                score = (mr * nv / (mr + ACROSS_S_LOAD_COST * nv) * fma_share(target, lanes)
-                         * (0.6 if v_ext % mr else 1.0))
-                if mr * nv < 8:
-                    score *= 0.7
-                if mr > 4 and mr % 2 and k_steps <= ODD_TILE_SHORT:  # lane by lane
-                    score /= 1 + ODD_TILE_WRITE_BACK_STEPS / k_steps
-                if score > best_score:
-                    best, best_score = (mr, nv, lanes), score
+    if m_ext % lanes:
+        return None
+    best, _ = _across_tiles(target, m_ext, v_ext, k_steps, lanes, pad=False)
     if best is None or ragged_v:  # along v, a partial vector: slower than any of these
         return best
     # the same measure the tile along v was chosen by, so the two compare
@@ -616,6 +639,59 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
     if steps:
         alike /= 1 + ACROSS_WRITE_BACK_STEPS / steps
     return best if alike > ACROSS_M_MARGIN * score_along_v else None
+
+
+def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed: int = 0):
+    """``((mr, nv, lanes), padded m)``: :func:`_across_m`'s tile where ``m`` is no whole
+    number of half-width vectors, in full-width ones with ``m`` padded to whole tiles, where
+    it puts :data:`PAD_MARGIN` times the useful FLOPs (:func:`_useful_fmas`) of the tile
+    ``along_v`` into the output. A user's NCHW conv2d, one Zen 4 core: 36 output channels at
+    28 x 28 ran 3 x 7 quarter registers along the rows (1.45x faster padded to 48), 100 at
+    7 x 7 one partial vector of 7 lanes a row (2.37x padded to 144); 24 -> 36 channels at
+    56 x 56, 7 ymm a row (full rate there), ran 0.72x padded. Only where ``S`` reads ``m``
+    as a plain index; None where no tile wins. ``v_computed``: the lanes the tile along
+    ``v`` computes where it is padded (an einsum's, :func:`_pad_tiles`)."""
+    full = max(1, target.vector_bits // 32)
+    m_ext, v_ext = f.extents[m], f.extents[v]
+    if full < 8 or m_ext % (full // 2) == 0 or not _pure(s_op) or \
+            sum(m in vs for vs in s_op.index_vars) != 1:
+        return None
+    k_steps = product(f.extents[x] for x in f.reduce)
+    best, padded = _across_tiles(target, m_ext, v_ext, k_steps, full, pad=True)
+    if best is None:
+        return None
+    mr, nv, lanes = best
+    useful = (fma_share(target, lanes) * m_ext / padded * (0.6 if v_ext % mr else 1.0)
+              * (0.7 if mr * nv < 8 else 1.0))
+    if useful <= PAD_MARGIN * _useful_fmas(target, along_v, m_ext, v_ext, v_computed):
+        return None
+    return best, padded
+
+
+def _across_tiles(target, m_ext: int, v_ext: int, k_steps: int, lanes: int, pad: bool):
+    """``(best tile, m padded to it)`` of the tiles with vectors along ``m`` (see
+    :func:`_across_m`): those dividing ``m``, or with ``pad`` every one, ``m`` padded to its
+    width and the score counted in the lanes kept."""
+    full = max(1, target.vector_bits // 32)
+    best, best_score, best_pad = None, 0.0, m_ext
+    for nv in range(1, 5 if lanes == full else 8):
+        padded = -(-m_ext // (nv * lanes)) * nv * lanes
+        if padded != m_ext and not pad:
+            continue
+        # registers LLVM keeps for the broadcasts it shares between overlapping window
+        # taps: 14 x 2 accumulators spill, 10 x 2 do not
+        for mr in range(1, min(v_ext, (vector_registers(target) - nv - 8) // nv) + 1):
+            # S's vectors stream from L2 (its panel spans the whole reduction), V's
+            # broadcasts hit L1: an S load costs more
+            score = (mr * nv / (mr + ACROSS_S_LOAD_COST * nv) * fma_share(target, lanes)
+                     * (0.6 if v_ext % mr else 1.0) * m_ext / padded)
+            if mr * nv < 8:
+                score *= 0.7
+            if mr > 4 and mr % 2 and k_steps <= ODD_TILE_SHORT:  # lane by lane
+                score /= 1 + ODD_TILE_WRITE_BACK_STEPS / k_steps
+            if score > best_score:
+                best, best_score, best_pad = (mr, nv, lanes), score, padded
+    return best, best_pad
 
 
 def _taps_along(f, op, var: str) -> int:
@@ -640,7 +716,8 @@ def fma_share(target, lanes: int) -> float:
     return min(lanes, unit) / min(full, unit)
 
 
-def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Detail:
+def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue,
+                       padding=None) -> Detail:
     """Vectors along ``m``: ``S`` packed ``[m // (nv * lanes), reduction.., nv * lanes]``,
     loops ``[outer.., m0, v0, reduction.., mr, nv, lanes]`` (``m0`` first when the outer
     rows are too few to share the cores); the accumulators' buffer holds ``m`` innermost and
@@ -666,7 +743,12 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
             sch.parallel(m0)
     else:
         fused, v0, by_row = _across_loops(sch, outer, (m0, v0), red, (vi, mv, ml), target)
-    wb = sch.cache_write(blk, 0, "local")
+    crop, made = padding or (None, [])
+    if crop is None:
+        wb = sch.cache_write(blk, 0, "local")
+    else:  # the padded output lives in the tile's registers; the crop is its write-back
+        sch.set_scope(blk, 0, "local")
+        wb = sch.get_sblock(crop)
     # the accumulators' buffer with m innermost, so a tile row is whole vectors
     nd = len(f.spatial)
     mi = f.spatial.index(m)
@@ -688,14 +770,19 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue) -> Det
     blocked = _transpose_pack(sch, pack, f, s_op, m, nv * lanes, target)
     if not blocked:
         schedule_injective(sch, sch.get(pack).name_hint, target)
+    for stage in made:
+        if stage not in inlined:
+            schedule_injective(sch, stage, target)
     return Detail(f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) "
                   f"over {v} x {m}: vectors along {m}, S packed along it"
                   + (" (transposed in blocks)" if blocked else "")
                   + (f", one {m} block of it per task" if per_block else "")
                   + f", {v} broadcast"
+                  + (f", {m} padded to {f.extents[m]} (cropped in the write-back)"
+                     if crop else "")
                   + (f", {', '.join(inside)} computed per parallel row" if inside else "")
                   + (f", {', '.join(inlined)} computed in the pack" if inlined else ""),
-                  also=(*inside, *inlined))
+                  also=(*inside, *(n for n in inlined if n not in made)))
 
 
 def _row_taps_first(f, v_op, m: str) -> list[str]:
