@@ -38,6 +38,7 @@ from schedules.patterns.common import (
     product,
     split_by_phase,
     vectorize_registers,
+    vectorize_tail,
 )
 
 # The S block of one core uses at most 1/PANEL_BYTES_FRACTION of its L2, and at most
@@ -193,6 +194,13 @@ def _pure(op) -> bool:
     return all(len(vs) == 1 and str(ix) in vs for ix, vs in zip(op.indices, op.index_vars))
 
 
+def _packable(op) -> bool:
+    """Whether each of ``op``'s indices reads one iterator (``w[o, c, 2 - ry, 2 - rx]``, a
+    user's flipped weights, as well as ``w[o, c, ry, rx]``), so :func:`_pack` can lay it
+    out by its dimensions' iterators."""
+    return all(len(vs) == 1 for vs in op.index_vars)
+
+
 def _m_blocks(m_tiles: int, limit: int) -> int:
     """Micro-tiles per L2 block: the largest <= ``limit`` wasting at most 1/32 of the tiles
     to padding, else the one wasting least."""
@@ -299,9 +307,8 @@ def _pad_axis(sch, name: str, f, axis: str, padded: int):
 
     def pad(s):
         blk = s.get_sblock(name)
-        lacking = [op for op in f.operands if axis not in op.all_vars() and not _pure(op)]
         reindexed = []
-        for op in lacking:
+        for op in [op for op in f.operands if not _pure(op)]:
             reads = [r.source.name for r in s.get(blk).reads]
             reindexed.append(s.reindex(blk, ("read", reads.index(op.buffer))))
         s.pad_einsum(blk, [padded if x == axis else 1 for x in [*f.spatial, *f.reduce]])
@@ -624,7 +631,7 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
     m_ext, v_ext = f.extents[m], f.extents[v]
     if group:
         m_ext = math.gcd(m_ext, group)  # the tile's vectors divide the group
-    if not _pure(s_op):
+    if not _packable(s_op):
         return None
     # half-width vectors only where full ones do not divide m (40 channels: 5 ymm)
     lanes = full if m_ext % full == 0 or full < 8 else full // 2
@@ -653,7 +660,7 @@ def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed
     ``v`` computes where it is padded (an einsum's, :func:`_pad_tiles`)."""
     full = max(1, target.vector_bits // 32)
     m_ext, v_ext = f.extents[m], f.extents[v]
-    if full < 8 or m_ext % (full // 2) == 0 or not _pure(s_op) or \
+    if full < 8 or m_ext % (full // 2) == 0 or not _packable(s_op) or \
             sum(m in vs for vs in s_op.index_vars) != 1:
         return None
     k_steps = product(f.extents[x] for x in f.reduce)
@@ -768,7 +775,10 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue,
     if per_block:
         sch.compute_at(pack, m0, preserve_unit_loops=True)
     blocked = _transpose_pack(sch, pack, f, s_op, m, nv * lanes, target)
-    if not blocked:
+    if not blocked and per_block:  # inside its task: the source's runs vectorised, no cores
+        store = sch.get(pack).body
+        vectorize_tail(sch, list(sch.get_loops(pack)[-2:]), target, str(store.buffer.dtype))
+    elif not blocked:
         schedule_injective(sch, sch.get(pack).name_hint, target)
     for stage in made:
         if stage not in inlined:
