@@ -177,3 +177,12 @@ def dot_intrinsic(sch, block, target) -> str | None:
     if depth <= 1 or int(last.iter_type) != 2 or int(last.dom.extent) != depth:
         return None
     return _register(str(reads[0]), str(reads[1]), str(blk.writes[0].source.dtype), depth)
+
+
+def dot_for(a_dtype: str, b_dtype: str, c_dtype: str, target) -> tuple[str, int] | None:
+    """``(tensor intrinsic, depth)`` of the target's dot-product instruction for a product of
+    ``a_dtype`` and ``b_dtype`` summed in ``c_dtype`` (a user's bfloat16 matmul summed in
+    float32), or None where the target has none for them."""
+    hit = _BY_DTYPES.get((a_dtype, b_dtype, c_dtype))
+    depth = target.dot_depth(hit[0]) if hit is not None else 1
+    return None if depth <= 1 else (_register(a_dtype, b_dtype, c_dtype, depth), depth)

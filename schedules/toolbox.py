@@ -458,7 +458,7 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
         sch.vectorize(lane_i)
     init = sch.decompose_reduction(block, (red_chunk or red_outer or red)[0])
     if dot:
-        _tensorize_dot(sch, block, lane_i, init, fused, dot_intrin)
+        tensorize_dot(sch, block, lane_i, init, fused, dot_intrin)
     last = sch.get_loops(wb)[-1]
     if extent(sch, last) > lanes and extent(sch, last) % lanes == 0:
         last = sch.split(last, [None, lanes])[-1]
@@ -466,7 +466,7 @@ def register_tile(sch, block, target, spatial: list, red: list, tiles: dict[int,
     return wb, anchor
 
 
-def _tensorize_dot(sch, block, lane_i, init, outer_loop, intrin: str) -> None:
+def tensorize_dot(sch, block, lane_i, init, outer_loop, intrin: str) -> None:
     """The lanes and the reduction loop under them become one ``intrin`` step; the init block
     is vectorised; an instruction that is an LLVM function is linked in at ``outer_loop``."""
     step = sch.blockize(lane_i)

@@ -40,6 +40,7 @@ from schedules.patterns.common import (
     vectorize_registers,
     vectorize_tail,
 )
+from schedules.toolbox import tensorize_dot
 
 # The S block of one core uses at most 1/PANEL_BYTES_FRACTION of its L2, and at most
 # M_BLOCK_TILES micro-tiles: every block streams the whole V panel past its tiles (from L3
@@ -76,6 +77,12 @@ RAGGED_V_512 = 0.1
 # and the accumulators stay in registers (8x64x12x12, 3x3 to 20 channels, one Zen 4 core:
 # 0.456 ms so, 0.618 in 3 quarter registers a row)
 ONE_PARTIAL_V = 0.3
+# A tile of fewer than 4 vectors on a dot-product instruction (vdpbf16ps) counts this much of
+# its FMAs per load: a user's bfloat16 matmul 256x1008x768 on one Zen 4 core ran 8 x 3
+# vectors at 163 GFLOP/s, 12 x 2 at 173, 4 x 4 and 6 x 4 at 186 with v padded to 1024 (a
+# padding scored_tile counts 0.75, which this outweighs); at 1024^3 4 x 4 ran 220 (94% of
+# the bf16 roof).
+DOT_NARROW = 0.6
 # A windowed contraction's v (or, for a tile along m, m) is padded to whole full-width
 # vectors (_pad_v, _across_m_padded) only where that tile's useful FLOPs (_useful_fmas) beat
 # the unpadded tile's by this much: the padding costs a copy and a cropping write-back.
@@ -118,7 +125,7 @@ def micro_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False) -> tuple[in
     return scored_tile(target, m_ext, v_ext, pad_ok)[0]
 
 
-def scored_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False):
+def scored_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False, dot: bool = False):
     """``((mr, nv, lanes), score)``: the register tile and its merit (FMAs per load, in
     full-width FMAs, discounted for ragged edges).
 
@@ -132,7 +139,9 @@ def scored_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False):
     core, PyTorch 75), so a ragged vector edge weighs far more there
     (:data:`RAGGED_V_512`), and quarter registers are tried where only they divide ``v``;
     with AVX2 it versions the loop and the ragged tile stays fast (59 GFLOP/s on the same
-    core)."""
+    core). ``dot``: the tile runs on a dot-product instruction (:func:`_dot_pair`), where
+    narrower tiles than 4 vectors count :data:`DOT_NARROW`, partial registers half (they
+    keep multiply-adds)."""
     full = max(1, target.vector_bits // 32)  # fp16 math runs as fp32 on these targets
     regs = vector_registers(target)
     v_ragged = RAGGED_V_512 if target.vector_bits >= 512 else 0.6
@@ -160,25 +169,32 @@ def scored_tile(target, m_ext: int, v_ext: int, pad_ok: bool = False):
                         score *= 0.75 if pad_ok else ONE_PARTIAL_V if whole_row else v_ragged
                 if m_ext % mr:
                     score *= 0.75 if pad_ok else 0.6
+                if dot:  # the instruction takes whole registers and does twice the work
+                    score *= 0.5 if lanes != full else DOT_NARROW if nv < 4 else 1.0
                 if score > best_score:
                     best, best_score = (mr, nv, lanes), score
     return best, best_score
 
 
-def _pack(sch, blk, op, f, var: str, width: int, copy: bool = True):
+def _pack(sch, blk, op, f, var: str, width: int, copy: bool = True, pair=None):
     """Lay operand ``op`` out as ``[other.., var // width, reduction.., var % width]``: one
     contiguous ``width``-wide row per reduction step. ``copy``: through a new packed copy
-    (``cache_read``); else the operand is already an intermediate buffer and is re-laid."""
+    (``cache_read``); else the operand is already an intermediate buffer and is re-laid.
+    ``pair``: ``(reduction iterator r, depth)``, the steps of ``r`` in groups of ``depth``
+    innermost (``[.., r // depth, .., var % width, r % depth]``), as a dot-product
+    instruction reads them."""
     from tvm.tirx import IndexMap
 
     dims = [next(iter(vs)) for vs in op.index_vars]
     vd = dims.index(var)
     red = [d for d, x in enumerate(dims) if x in f.reduce]
     other = [d for d in range(len(dims)) if d != vd and d not in red]
+    rd, depth = (dims.index(pair[0]), pair[1]) if pair else (None, 1)
 
     def fn(*ix):
-        return [*[ix[d] for d in other], ix[vd] // width, *[ix[d] for d in red],
-                ix[vd] % width]
+        steps = [ix[d] // depth if d == rd else ix[d] for d in red]
+        return [*[ix[d] for d in other], ix[vd] // width, *steps, ix[vd] % width,
+                *([ix[rd] % depth] if pair else [])]
 
     idx = next(i for i, r in enumerate(sch.get(blk).reads) if r.source.name == op.buffer)
     pack = sch.cache_read(blk, idx, "global") if copy else None
@@ -352,6 +368,29 @@ def _useful_fmas(target, tile: tuple, m_ext: int, v_ext: int, computed: int = 0)
     return useful * (0.7 if mr * nv < 8 else 1.0) * (0.6 if m_ext % mr else 1.0)
 
 
+def _dot_pair(f, s_op, v_op, target, lanes: int):
+    """``(tensor intrinsic, reduction iterator r, depth)`` where the contraction can run on the
+    target's dot-product instruction (:func:`schedules.intrinsics.dot_for`: a user's
+    bfloat16 matmul summed in float32, ``vdpbf16ps`` on AVX512-BF16, twice the FMA's work):
+    vectors of its 16 lanes along ``v``, ``S``'s innermost index a plain reduction iterator
+    ``r`` (its ``depth`` steps one contiguous group, broadcast) whose extent ``depth``
+    divides, read by ``V`` as a plain index (packed ``[.., r // depth, v, r % depth]``). None
+    otherwise: the products stay multiply-adds."""
+    from schedules.intrinsics import LANES, dot_for
+
+    hit = dot_for(s_op.dtype, v_op.dtype, f.out_dtype, target)
+    if hit is None or lanes != LANES or not s_op.indices:
+        return None
+    intrin, depth = hit
+    r = str(s_op.indices[-1])
+    if r not in f.reduce or f.extents[r] % depth or \
+            sum(r in vs for vs in s_op.index_vars) != 1 or \
+            not any(str(ix) == r for ix in v_op.indices) or \
+            sum(r in vs for vs in v_op.index_vars) != 1:
+        return None
+    return intrin, r, depth
+
+
 def _should_pack(v_op, f, v: str, nr: int, m_ext: int, mr: int) -> bool:
     pure = _pure(v_op)
     strided = len(v_op.index_vars) >= 2 and bool(v_op.index_vars[-2] & set(f.reduce))
@@ -402,7 +441,10 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         f, split = phased
     s_op, v_op, m, v, transposed = roles(f)
     einsum = _pure(s_op) and _pure(v_op)
-    (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], pad_ok=einsum)
+    full = max(1, target.vector_bits // 32)
+    dot_ok = _dot_pair(f, s_op, v_op, target, full) is not None
+    (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], pad_ok=einsum,
+                                         dot=dot_ok)
     # an unpadded ragged tile along v keeps a partial vector inside the reduction
     ragged_v = not einsum and _ragged(f.extents[v], nv * lanes, lanes)
     # a tile along v of whole full-width vectors, V's positions read bare (no window along
@@ -411,10 +453,12 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     whole_v = lanes == target.vector_bits // 32 and not _ragged(f.extents[v], nv * lanes, lanes)
     steps = product(f.extents[x] for x in f.reduce) if whole_v and _taps_along(
         f, v_op, v) == 1 else 0
-    across = None if split or transposed else _across_m(target, f, s_op, m, v, score,
-                                                         ragged_v, v_op.grouped.get(m), steps)
+    # vectors along m have no dot-product form here: the tile along v keeps it
+    across = None if split or transposed or dot_ok else _across_m(
+        target, f, s_op, m, v, score, ragged_v, v_op.grouped.get(m), steps)
     padded_m = None
-    if across is None and not split and not transposed and m not in v_op.grouped:
+    if across is None and not split and not transposed and not dot_ok and \
+            m not in v_op.grouped:
         v_computed = _v_padded(f.extents[v], nv, lanes) if einsum else 0
         padded_m = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed)
     if padded_m is not None:
@@ -442,7 +486,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     padded = None if einsum else _pad_v(sch, name, f, target, (mr, nv, lanes))
     if padded is not None:
         f, crop, v_copies = padded
-        (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v])
+        (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], dot=dot_ok)
         nv_lanes = min(nv * lanes, f.extents[v])
         m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
     v_pad = _v_padded(f.extents[v], nv, lanes)
@@ -450,19 +494,21 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     s_op, v_op, m, v, transposed = roles(f)
     m_ext, nv_lanes = f.extents[m], min(nv * lanes, f.extents[v])
     blk = sch.get_sblock(name)
+    dot = _dot_pair(f, s_op, v_op, target, lanes) if f.extents[v] % lanes == 0 else None
     pack = None
-    if transposed or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
+    if transposed or dot or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
         # the zero-padded copy of V is laid out as it is made
-        pack = _pack(sch, blk, v_op, f, v, nv_lanes, copy=v_op.buffer not in v_copies)
+        pack = _pack(sch, blk, v_op, f, v, nv_lanes, copy=v_op.buffer not in v_copies,
+                     pair=dot[1:] if dot else None)
     if copies and s_op.buffer.endswith("_pad") and m_ext % mr == 0 and s_op.index_vars[-1] & \
-            set(f.reduce):
+            set(f.reduce) and not dot:
         # the zero-padded copy of S is made anyway: lay it out so the broadcasts of one
         # reduction step are adjacent
         _pack(sch, blk, s_op, f, m, mr, copy=False)
     # the user's padding stages (not the copies padding the domain to whole tiles)
     own = [op.buffer for op in (s_op, v_op) if op.buffer in facts and op.buffer not in copies]
     inside = _micro_kernel(sch, blk, f, (m, mr, m1), (v, nv, lanes), target, epilogue, own,
-                           crop)
+                           crop, dot)
     packed = [sch.get(pack).name_hint] if pack is not None else []
     for stage in [*(split or []), *copies, *v_copies, *packed]:
         schedule_injective(sch, stage, target)
@@ -470,6 +516,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
                   + f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) "
                   f"over {m} x {v}, {m1} tiles per L2 block"
                   + (", V packed" if pack is not None else "")
+                  + (f", {dot[2]} steps of {dot[1]} a dot-product instruction" if dot else "")
                   + (", domain padded to whole tiles" if copies else "")
                   + (f", {v} padded to {f.extents[v]} (cropped in the write-back)"
                      if crop else "")
@@ -487,14 +534,16 @@ TASK_PAD_REPEAT = 1.5
 
 
 def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=(),
-                  crop: str | None = None) -> list[str]:
+                  crop: str | None = None, dot=None) -> list[str]:
     """Loops ``[outer.., m0, v0, m1, reduction.., mr, nv, lanes]``; the tile in registers;
     the outer loops and ``m0`` across cores, or the outer ones alone with the last split in
     tasks of :func:`_task_rows` rows. The padding stage of an operand (``operands``: their
     buffers) is computed in each parallel task, for the part the task reads, where those
     parts repeat the whole at most :data:`TASK_PAD_REPEAT` times: a pass of its own wrote
     the padded copy to memory and read it back (a user's NHWC 8x112x112x32 3x3 stride-2
-    conv2d: 12.8 MB). Returns the stages moved."""
+    conv2d: 12.8 MB). ``dot`` (:func:`_dot_pair`): the reduction iterator ``r`` split by the
+    instruction's depth, its inner part under the lanes, and the two one instruction.
+    Returns the stages moved."""
     m, mr, m1 = m_tile
     v, nv, lanes = v_tile
     v_ext = f.extents[v]
@@ -518,13 +567,20 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=(),
     outer_names = [x for x in f.spatial if x not in (m, v)]
     outer = [by[x] for x in outer_names]
     red = [by[x] for x in f.reduce]
+    depth_loop = []
+    if dot is not None:
+        _, r, depth = dot
+        at = f.reduce.index(r)
+        red[at], pair_loop = sch.split(red[at], [None, depth])
+        depth_loop = [pair_loop]
     tile = [lp for lp in (mi, vv, vl) if lp is not None]
     rows = _task_rows(f, outer_names, operands, target)
     in_task = []
     if rows > 1:  # blocks of rows a task, whose padded rows overlap less
         io, ii = sch.split(outer[-1], [None, rows])
         outer, in_task = [*outer[:-1], io], [ii]
-    sch.reorder(*outer, *in_task, m0, *([v0] if v0 is not None else []), m1l, *red, *tile)
+    sch.reorder(*outer, *in_task, m0, *([v0] if v0 is not None else []), m1l, *red, *tile,
+                *depth_loop)
     par = [*outer] if in_task else [*outer, m0]
     n_par = product(extent(sch, lp) for lp in par)
     if v0 is not None and _v_blocks_are_tasks(n_par, target.cores):
@@ -543,10 +599,13 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=(),
     sch.unroll(mi)
     if vv is not None:
         sch.unroll(vv)
-    sch.vectorize(vl)
+    if dot is None:
+        sch.vectorize(vl)
     inside = [name for buf in operands if _pad_repeat(sch, blk, buf) is not None
               for name in producers_inside(sch, blk, buf, fused, target)]
-    sch.decompose_reduction(blk, red[0])
+    init = sch.decompose_reduction(blk, red[0])
+    if dot is not None:
+        tensorize_dot(sch, blk, vl, init, fused, dot[0])
     wl = sch.get_loops(wb)[-1]
     if extent(sch, wl) > lanes and extent(sch, wl) % lanes == 0:
         wl = sch.split(wl, [None, lanes])[-1]
