@@ -729,6 +729,12 @@ def specs() -> list[Spec]:
              {"full": {"n": 1, "c": 128, "k": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 2},
               "tiny": {"n": 2, "c": 5, "k": 7, "hw": 9, "ks": 3, "pad": 1, "stride": 2}},
              _strided_dx, _conv_flops),
+        # stride 1: dy padded and convolved with the flipped weights w[k, c, 2 - ry, 2 - rx],
+        # the tile's vectors along the input channels as the forward conv2d's
+        Spec("dx_nchw_3x3_s1_28x28x64_b8", "conv2d_dx",
+             {"full": {"n": 8, "c": 64, "k": 64, "hw": 28, "ks": 3, "pad": 1, "stride": 1},
+              "tiny": {"n": 2, "c": 20, "k": 6, "hw": 7, "ks": 3, "pad": 1, "stride": 1}},
+             _strided_dx, _conv_flops),
         Spec("depthwise_nchw_3x3_56x56x64", "window",
              {"full": {"n": 1, "c": 64, "hw": 56, "ks": 3, "pad": 1},
               "tiny": {"n": 2, "c": 3, "hw": 8, "ks": 3, "pad": 1}}, _depthwise_fwd,
