@@ -69,6 +69,12 @@ ODD_TILE_WRITE_BACK_STEPS = 32
 ODD_TILE_SHORT = 128
 BLOCKS_PER_CORE = 2  # a task per m block only with this many blocks a core (load balance)
 ACROSS_S_LOAD_COST = 2.5  # an S vector from L2 against a V broadcast from L1
+# A tile along m holds mr x nv accumulators, nv vectors of S and the mr + taps - 1 broadcasts
+# its positions' window taps share; up to this many more than the registers LLVM absorbs
+# (7 x 3 over 3 taps: 33 of 32 registers), more spill: a user's conv1d over 99 positions, 256
+# channels, 3 taps, ran 11 x 2 (37) at 65 GFLOP/s on one Zen 4 core, 10 x 2 (34) over 100
+# at 112.
+ACROSS_SPARE_REGISTERS = 2
 # An AVX-512 tile along v with a partial vector, against a whole one: a user's grouped conv2d
 # (128 channels, 32 groups, 28x28) ran at 11 GFLOP/s so and at 46 in quarter registers (2 x 7
 # xmm) on one Zen 4 core, where 0.3 had kept the partial zmm
@@ -696,7 +702,9 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
     lanes = full if m_ext % full == 0 or full < 8 else full // 2
     if m_ext % lanes:
         return None
-    best, _ = _across_tiles(target, m_ext, v_ext, k_steps, lanes, pad=False)
+    v_op = next(op for op in f.operands if op is not s_op)
+    best, _ = _across_tiles(target, m_ext, v_ext, k_steps, lanes, pad=False,
+                            taps=_taps_along(f, v_op, v))
     if best is None or ragged_v:  # along v, a partial vector: slower than any of these
         return best
     # the same measure the tile along v was chosen by, so the two compare
@@ -723,7 +731,9 @@ def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed
             sum(m in vs for vs in s_op.index_vars) != 1:
         return None
     k_steps = product(f.extents[x] for x in f.reduce)
-    best, padded = _across_tiles(target, m_ext, v_ext, k_steps, full, pad=True)
+    v_op = next(op for op in f.operands if op is not s_op)
+    best, padded = _across_tiles(target, m_ext, v_ext, k_steps, full, pad=True,
+                                 taps=_taps_along(f, v_op, v))
     if best is None:
         return None
     mr, nv, lanes = best
@@ -734,11 +744,14 @@ def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed
     return best, padded
 
 
-def _across_tiles(target, m_ext: int, v_ext: int, k_steps: int, lanes: int, pad: bool):
+def _across_tiles(target, m_ext: int, v_ext: int, k_steps: int, lanes: int, pad: bool,
+                  taps: int = 1):
     """``(best tile, m padded to it)`` of the tiles with vectors along ``m`` (see
     :func:`_across_m`): those dividing ``m``, or with ``pad`` every one, ``m`` padded to its
-    width and the score counted in the lanes kept."""
+    width and the score counted in the lanes kept. ``taps``: the window's taps along ``v``,
+    whose broadcasts the tile's positions share (:data:`ACROSS_SPARE_REGISTERS`)."""
     full = max(1, target.vector_bits // 32)
+    regs = vector_registers(target)
     best, best_score, best_pad = None, 0.0, m_ext
     for nv in range(1, 5 if lanes == full else 8):
         padded = -(-m_ext // (nv * lanes)) * nv * lanes
@@ -746,7 +759,9 @@ def _across_tiles(target, m_ext: int, v_ext: int, k_steps: int, lanes: int, pad:
             continue
         # registers LLVM keeps for the broadcasts it shares between overlapping window
         # taps: 14 x 2 accumulators spill, 10 x 2 do not
-        for mr in range(1, min(v_ext, (vector_registers(target) - nv - 8) // nv) + 1):
+        for mr in range(1, min(v_ext, (regs - nv - 8) // nv) + 1):
+            if mr * nv + nv + mr + taps - 1 > regs + ACROSS_SPARE_REGISTERS:
+                break
             # S's vectors stream from L2 (its panel spans the whole reduction), V's
             # broadcasts hit L1: an S load costs more
             score = (mr * nv / (mr + ACROSS_S_LOAD_COST * nv) * fma_share(target, lanes)
