@@ -60,11 +60,27 @@ declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloa
 _LLVM_IMPORTS = {"dsl_vdpbf16ps_16x2": _VDPBF16PS_LL}
 
 
-def _desc(a_dtype: str, b_dtype: str, c_dtype: str, depth: int):
+def _desc(a_dtype: str, b_dtype: str, c_dtype: str, depth: int, swapped: bool = False):
     """What a dot-product step computes (the pattern ``tensorize`` matches). ``A`` and ``B``
     ask for no alignment: they may be a kernel's own arguments (a 1x1 dx reads ``dy`` as it
-    comes), which TVM declares aligned to their element only."""
+    comes), which TVM declares aligned to their element only. ``swapped``: the product
+    written ``B * A`` (tensorize matches the expression as written)."""
     from tvm.script import tirx as T
+
+    if swapped:
+        @T.prim_func(s_tir=True)
+        def desc_ba(a: T.Buffer((depth,), a_dtype, offset_factor=1, align=1),
+                    b: T.Buffer((LANES, depth), b_dtype, offset_factor=1, align=1),
+                    c: T.Buffer((LANES,), c_dtype, offset_factor=1, scope="local")) -> None:
+            with T.sblock("root"):
+                T.reads(c[0:LANES], b[0:LANES, 0:depth], a[0:depth])
+                T.writes(c[0:LANES])
+                for i, k in T.grid(LANES, depth):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        c[vi] = c[vi] + T.cast(b[vi, vk], c_dtype) * T.cast(a[vk], c_dtype)
+
+        return desc_ba
 
     @T.prim_func(s_tir=True)
     def desc(a: T.Buffer((depth,), a_dtype, offset_factor=1, align=1),
@@ -134,18 +150,20 @@ def _impl_imported(a_dtype: str, b_dtype: str, c_dtype: str, depth: int, func: s
 
 
 @functools.cache
-def _register(a_dtype: str, b_dtype: str, c_dtype: str, depth: int) -> str:
+def _register(a_dtype: str, b_dtype: str, c_dtype: str, depth: int,
+              swapped: bool = False) -> str:
     """Register the instruction for these dtypes once (TVM's registry keeps it for the
-    process)."""
+    process); ``swapped``: for products written ``B * A``."""
     from tvm.s_tir import TensorIntrin
 
     _, llvm_name, operand = _BY_DTYPES[a_dtype, b_dtype, c_dtype]
-    name = f"dsl_dot_{LANES}x{depth}_{a_dtype}_{b_dtype}_{c_dtype}"
+    name = f"dsl_dot_{LANES}x{depth}_{a_dtype}_{b_dtype}_{c_dtype}" + ("_ba" if swapped else "")
     if llvm_name in _LLVM_IMPORTS:
         impl = _impl_imported(a_dtype, b_dtype, c_dtype, depth, llvm_name)
     else:
         impl = _impl_intrinsic(a_dtype, b_dtype, c_dtype, depth, llvm_name, operand)
-    TensorIntrin.register(name, _desc(a_dtype, b_dtype, c_dtype, depth), impl, override=True)
+    TensorIntrin.register(name, _desc(a_dtype, b_dtype, c_dtype, depth, swapped), impl,
+                          override=True)
     _NAMES[name] = llvm_name
     return name
 
@@ -179,10 +197,13 @@ def dot_intrinsic(sch, block, target) -> str | None:
     return _register(str(reads[0]), str(reads[1]), str(blk.writes[0].source.dtype), depth)
 
 
-def dot_for(a_dtype: str, b_dtype: str, c_dtype: str, target) -> tuple[str, int] | None:
+def dot_for(a_dtype: str, b_dtype: str, c_dtype: str, target,
+            swapped: bool = False) -> tuple[str, int] | None:
     """``(tensor intrinsic, depth)`` of the target's dot-product instruction for a product of
-    ``a_dtype`` and ``b_dtype`` summed in ``c_dtype`` (a user's bfloat16 matmul summed in
-    float32), or None where the target has none for them."""
+    ``a_dtype`` (broadcast) and ``b_dtype`` summed in ``c_dtype`` (a user's bfloat16 matmul
+    summed in float32), written ``B * A`` where ``swapped``; None where the target has none
+    for them."""
     hit = _BY_DTYPES.get((a_dtype, b_dtype, c_dtype))
     depth = target.dot_depth(hit[0]) if hit is not None else 1
-    return None if depth <= 1 else (_register(a_dtype, b_dtype, c_dtype, depth), depth)
+    return None if depth <= 1 else (_register(a_dtype, b_dtype, c_dtype, depth, swapped),
+                                    depth)

@@ -121,6 +121,9 @@ class BlockFacts:
     kind: str = "unknown"  # elementwise | broadcast | padding | layout | contraction | reduction
     why: str = ""
     operands: tuple = ()   # contraction: (Access, Access)
+    # contraction: the product is cast(a) * cast(b), each load widened to the output's dtype
+    # (what a dot-product instruction computes)
+    operands_cast: bool = False
     costly: bool = False   # calls a math function (exp, log, ...)
     copy: bool = False     # elementwise, its value one load of a buffer its shape and dtype
 
@@ -248,6 +251,19 @@ def _product_operands(value, out_name: str):
     return la[0], lb[0]
 
 
+def _each_widened(value, out_name: str, dtype: str) -> bool:
+    """Whether ``value`` is ``out + cast(a) * cast(b)``, each factor one load cast to
+    ``dtype`` from a narrower type."""
+    from tvm.ir.prim.expr import Cast, Mul
+
+    prod = value.b if loads_of(value.a) and loads_of(value.a)[0].source.name == out_name \
+        else value.a
+    if not isinstance(prod, Mul):
+        return False
+    return all(isinstance(x, Cast) and str(x.ty.dtype) == dtype and len(loads_of(x)) == 1
+               and str(loads_of(x)[0].source.dtype) != dtype for x in (prod.a, prod.b))
+
+
 def _elems(shape) -> int:
     out = 1
     for d in shape:
@@ -269,6 +285,7 @@ def _classify_reduction(f: BlockFacts, body) -> None:
         only_a, only_b = (sp & a.all_vars()) - b.reuse_vars(), (sp & b.all_vars()) - a.reuse_vars()
         if red & a.all_vars() and red & b.all_vars() and only_a and only_b:
             f.kind, f.operands = "contraction", (a, b)
+            f.operands_cast = _each_widened(body.value, f.out_buffer, f.out_dtype)
             windowed = any(len(vs) > 1 for acc in (a, b) for vs in acc.index_vars)
             f.why = ("a sum of products of two operands, each reused along an axis the "
                      "other lacks" + (" (a windowed index: a convolution)" if windowed else ""))

@@ -384,8 +384,11 @@ def _dot_pair(f, s_op, v_op, target, lanes: int):
     otherwise: the products stay multiply-adds."""
     from schedules.intrinsics import LANES, dot_for
 
-    hit = dot_for(s_op.dtype, v_op.dtype, f.out_dtype, target)
-    if hit is None or lanes != LANES or not s_op.indices:
+    if not f.operands_cast or not s_op.indices:
+        return None
+    hit = dot_for(s_op.dtype, v_op.dtype, f.out_dtype, target,
+                  swapped=f.operands[0].buffer != s_op.buffer)
+    if hit is None or lanes != LANES:
         return None
     intrin, depth = hit
     r = str(s_op.indices[-1])
@@ -428,11 +431,14 @@ def _phase_split(sch, name: str, f):
 
 
 def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | None = None,
-                         parts_ok: bool = True):
+                         parts_ok: bool = True, dot_ok: bool | None = None):
     """The micro-kernel schedule of contraction ``name`` (optionally fusing ``epilogue``).
     Where its tiles are too few tasks for the cores, a reduction axis is split into partial
     sums first (:func:`schedules.patterns.reduction.in_partial_sums`; not with an epilogue,
-    nor when ``parts_ok`` is False)."""
+    nor when ``parts_ok`` is False). ``dot_ok``: whether the tile may run on a dot-product
+    instruction (None: where :func:`_dot_pair` allows and the whole schedule with it
+    succeeds on a copy first; tensorize matches the block's expression as written, and a
+    form it refuses keeps the multiply-adds instead of failing the rule)."""
     from schedules.patterns.injective import schedule_injective
     from schedules.patterns.reduction import in_partial_sums
 
@@ -448,7 +454,14 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     s_op, v_op, m, v, transposed = roles(f)
     einsum = _pure(s_op) and _pure(v_op)
     full = max(1, target.vector_bits // 32)
-    dot_ok = _dot_pair(f, s_op, v_op, target, full) is not None
+    if dot_ok is None:
+        dot_ok = _dot_pair(f, s_op, v_op, target, full) is not None
+        if dot_ok:
+            try:
+                schedule_contraction(sch.copy(), name, {**facts, name: f}, target, epilogue,
+                                     parts_ok, True)
+            except Exception:  # noqa: BLE001 - any refusal: the multiply-adds instead
+                dot_ok = False
     (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], pad_ok=einsum,
                                          dot=dot_ok)
     # an unpadded ragged tile along v keeps a partial vector inside the reduction
@@ -484,7 +497,8 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         # part's tiles tasks of their own
         note = in_partial_sums(sch, name, f, _tasks(f, m, v, mr, nv_lanes, m1, target.cores),
                                target, lambda part, g: schedule_contraction(
-                                   sch, part, {**facts, part: g}, target, parts_ok=False),
+                                   sch, part, {**facts, part: g}, target, parts_ok=False,
+                                   dot_ok=dot_ok),
                                "tiles")
         if note is not None:
             return note
@@ -500,7 +514,8 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     s_op, v_op, m, v, transposed = roles(f)
     m_ext, nv_lanes = f.extents[m], min(nv * lanes, f.extents[v])
     blk = sch.get_sblock(name)
-    dot = _dot_pair(f, s_op, v_op, target, lanes) if f.extents[v] % lanes == 0 else None
+    dot = _dot_pair(f, s_op, v_op, target, lanes) if dot_ok and \
+        f.extents[v] % lanes == 0 else None
     pack = None
     if transposed or dot or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
         # the zero-padded copy of V is laid out as it is made

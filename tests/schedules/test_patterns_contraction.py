@@ -407,12 +407,13 @@ def _bf16_target():
     return tgt
 
 
-@pytest.mark.parametrize("m, n, k, dot", [
-    (37, 100, 64, True),   # n padded to whole tiles of 4 vectors
-    (64, 64, 30, True),
-    (19, 48, 33, False),   # an odd reduction: no pairs, multiply-adds
+@pytest.mark.parametrize("m, n, k, form, dot", [
+    (37, 100, 64, "a*b", True),   # n padded to whole tiles of 4 vectors
+    (64, 64, 30, "b*a", True),    # written the other way round
+    (19, 48, 33, "a*b", False),   # an odd reduction: no pairs, multiply-adds
+    (16, 32, 32, "cast(a*b)", False),  # the product rounded to bfloat16 first: as written
 ], ids=str)
-def test_bf16_matmul_summed_in_fp32_runs_on_the_dot_instruction(m, n, k, dot):
+def test_bf16_matmul_summed_in_fp32_runs_on_the_dot_instruction(m, n, k, form, dot):
     """A user's bfloat16 matmul summed in float32 (``a.astype("float32") * b.astype(...)``)
     runs on AVX512-BF16's ``vdpbf16ps`` (pairs of the reduction in one instruction, B packed
     ``[.., k // 2, n, k % 2]``): 512^3 on one Zen 4 core 114 -> 214 GFLOP/s (PyTorch 222),
@@ -421,11 +422,16 @@ def test_bf16_matmul_summed_in_fp32_runs_on_the_dot_instruction(m, n, k, dot):
     a = te.placeholder((m, k), name="a", dtype="bfloat16")
     b = te.placeholder((k, n), name="b", dtype="bfloat16")
     r = te.reduce_axis((0, k), name="r")
-    c = te.compute((m, n), lambda i, j: te.sum(
-        a[i, r].astype("float32") * b[r, j].astype("float32"), axis=r), name="c")
+    terms = {"a*b": lambda i, j: a[i, r].astype("float32") * b[r, j].astype("float32"),
+             "b*a": lambda i, j: b[r, j].astype("float32") * a[i, r].astype("float32"),
+             "cast(a*b)": lambda i, j: (a[i, r] * b[r, j]).astype("float32")}[form]
+    c = te.compute((m, n), lambda i, j: te.sum(terms(i, j), axis=r), name="c")
     an, bn = _bf16(rng, (m, k)), _bf16(rng, (k, n))
     (out,), why = build_run([c], [a, b], [an, bn], target=_bf16_target())
-    check(out, an.astype(np.float64) @ bn.astype(np.float64), "float32", f"bf16 mm {m, n, k}")
+    # a product rounded to bfloat16 (8 bits) keeps fp16's tolerance
+    check(out, an.astype(np.float64) @ bn.astype(np.float64),
+          "float16" if form == "cast(a*b)" else "float32", f"bf16 mm {m, n, k} {form}")
+    assert why.rule_of("c") == "patterns.contraction", str(why)
     assert ("a dot-product instruction" in _stage_why(why, "c")) == dot, str(why)
 
 
