@@ -400,6 +400,46 @@ def _dot_pair(f, s_op, v_op, target, lanes: int):
     return intrin, r, depth
 
 
+def _dot_pair_across(f, s_op, v_op, target, lanes: int):
+    """:func:`_dot_pair` for a tile with vectors along ``m`` (``S`` packed in vectors, ``V``
+    broadcast): a reduction iterator ``r`` both operands read as a plain index, whose
+    ``depth`` steps :func:`_pairs_innermost` lays out contiguously in ``V`` (a user's
+    bfloat16 NCHW conv2d: the input channels of ``x[b, c, h + ry, w + rx]``)."""
+    from schedules.intrinsics import LANES, dot_for
+
+    if not f.operands_cast or lanes != LANES:
+        return None
+    hit = dot_for(v_op.dtype, s_op.dtype, f.out_dtype, target,
+                  swapped=f.operands[0].buffer != v_op.buffer)
+    if hit is None:
+        return None
+    intrin, depth = hit
+    for r in f.reduce:
+        plain = all(sum(r in vs for vs in op.index_vars) == 1 and
+                    any(str(ix) == r for ix in op.indices) for op in (s_op, v_op))
+        if plain and f.extents[r] % depth == 0:
+            return intrin, r, depth
+    return None
+
+
+def _pairs_innermost(sch, blk, op, r: str, depth: int) -> str:
+    """Lay ``op`` out with the ``depth`` steps of ``r`` innermost (``[.., c // 2, h, w,
+    c % 2]``): through a copy where it is an argument of the kernel, else the stage that
+    writes it writes it so. Returns the copy's block, or None."""
+    from tvm.tirx import IndexMap
+
+    dims = [next(iter(vs)) if len(vs) == 1 else None for vs in op.index_vars]
+    rd = next(d for d, ix in enumerate(op.indices) if str(ix) == r)
+    idx = next(i for i, rg in enumerate(sch.get(blk).reads) if rg.source.name == op.buffer)
+    produced = any(sch.get(p).writes[0].source.name == op.buffer
+                   for p in sch.get_producers(blk))
+    copy = None if produced else sch.cache_read(blk, idx, "global")
+    sch.transform_layout(blk, ("read", idx), IndexMap.from_func(
+        lambda *ix: [*(ix[d] // depth if d == rd else ix[d] for d in range(len(dims))),
+                     ix[rd] % depth], ndim=len(dims), index_dtype="int32"))
+    return None if copy is None else sch.get(copy).name_hint
+
+
 def _should_pack(v_op, f, v: str, nr: int, m_ext: int, mr: int) -> bool:
     pure = _pure(v_op)
     strided = len(v_op.index_vars) >= 2 and bool(v_op.index_vars[-2] & set(f.reduce))
@@ -455,15 +495,17 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     einsum = _pure(s_op) and _pure(v_op)
     full = max(1, target.vector_bits // 32)
     if dot_ok is None:
-        dot_ok = _dot_pair(f, s_op, v_op, target, full) is not None
+        dot_ok = (_dot_pair(f, s_op, v_op, target, full) or
+                  _dot_pair_across(f, s_op, v_op, target, full)) is not None
         if dot_ok:
             try:
                 schedule_contraction(sch.copy(), name, {**facts, name: f}, target, epilogue,
                                      parts_ok, True)
             except Exception:  # noqa: BLE001 - any refusal: the multiply-adds instead
                 dot_ok = False
+    dot_along = dot_ok and _dot_pair(f, s_op, v_op, target, full) is not None
     (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], pad_ok=einsum,
-                                         dot=dot_ok)
+                                         dot=dot_along)
     # an unpadded ragged tile along v keeps a partial vector inside the reduction
     ragged_v = not einsum and _ragged(f.extents[v], nv * lanes, lanes)
     # a tile along v of whole full-width vectors, V's positions read bare (no window along
@@ -473,22 +515,29 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     steps = product(f.extents[x] for x in f.reduce) if whole_v and _taps_along(
         f, v_op, v) == 1 else 0
     # vectors along m have no dot-product form here: the tile along v keeps it
-    across = None if split or transposed or dot_ok else _across_m(
-        target, f, s_op, m, v, score, ragged_v, v_op.grouped.get(m), steps)
+    # a dot-product tile along m divides v (no guarded last tile to tensorize)
+    dot_across = dot_ok and not dot_along and \
+        _dot_pair_across(f, s_op, v_op, target, full) is not None
+    across = None if split or transposed or dot_along else _across_m(
+        target, f, s_op, m, v, score, ragged_v, v_op.grouped.get(m), steps, dot_across)
     padded_m = None
-    if across is None and not split and not transposed and not dot_ok and \
+    if across is None and not split and not transposed and not dot_along and \
             m not in v_op.grouped:
         v_computed = _v_padded(f.extents[v], nv, lanes) if einsum else 0
-        padded_m = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed)
+        padded_m = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed,
+                                    dot_across)
     if padded_m is not None:
         grown = _pad_axis(sch, name, f, m, padded_m[1])
         if grown is not None:
             f, crop, made = grown
-            return _schedule_across_m(sch, name, f, roles(f)[:4], padded_m[0], target,
-                                      epilogue, (crop, made))
+            s_op, v_op, m, v, _ = roles(f)
+            dot = _dot_pair_across(f, s_op, v_op, target, padded_m[0][2]) if dot_ok else None
+            return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), padded_m[0], target,
+                                      epilogue, (crop, made), dot)
     if across is not None:
+        dot = _dot_pair_across(f, s_op, v_op, target, across[2]) if dot_ok else None
         return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
-                                  epilogue)
+                                  epilogue, dot=dot)
     nv_lanes = min(nv * lanes, f.extents[v])
     m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
     if parts_ok and epilogue is None and split is None:
@@ -506,7 +555,8 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     padded = None if einsum else _pad_v(sch, name, f, target, (mr, nv, lanes))
     if padded is not None:
         f, crop, v_copies = padded
-        (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], dot=dot_ok)
+        (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v],
+                                             dot=dot_along)
         nv_lanes = min(nv * lanes, f.extents[v])
         m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
     v_pad = _v_padded(f.extents[v], nv, lanes)
@@ -514,7 +564,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     s_op, v_op, m, v, transposed = roles(f)
     m_ext, nv_lanes = f.extents[m], min(nv * lanes, f.extents[v])
     blk = sch.get_sblock(name)
-    dot = _dot_pair(f, s_op, v_op, target, lanes) if dot_ok and \
+    dot = _dot_pair(f, s_op, v_op, target, lanes) if dot_along and \
         f.extents[v] % lanes == 0 else None
     pack = None
     if transposed or dot or _should_pack(v_op, f, v, nv_lanes, m_ext, mr):
@@ -690,7 +740,8 @@ def _merit(rows: int, vectors: int) -> float:
 
 
 def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
-              ragged_v: bool = False, group: int | None = None, steps: int = 0):
+              ragged_v: bool = False, group: int | None = None, steps: int = 0,
+              exact_v: bool = False):
     """``(mr, nv, lanes)`` of the tile with its vectors along ``m`` instead of ``v`` (``mr``
     output positions along ``v``, each a broadcast of ``V``; ``nv`` vectors of ``S`` packed
     along ``m``), when it beats the tile along ``v`` by :data:`ACROSS_M_MARGIN`: a windowed
@@ -719,7 +770,7 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
         return None
     v_op = next(op for op in f.operands if op is not s_op)
     best, _ = _across_tiles(target, m_ext, v_ext, k_steps, lanes, pad=False,
-                            taps=_taps_along(f, v_op, v))
+                            taps=_taps_along(f, v_op, v), exact_v=exact_v)
     if best is None or ragged_v:  # along v, a partial vector: slower than any of these
         return best
     # the same measure the tile along v was chosen by, so the two compare
@@ -730,7 +781,8 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
     return best if alike > ACROSS_M_MARGIN * score_along_v else None
 
 
-def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed: int = 0):
+def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed: int = 0,
+                     exact_v: bool = False):
     """``((mr, nv, lanes), padded m)``: :func:`_across_m`'s tile where ``m`` is no whole
     number of half-width vectors, in full-width ones with ``m`` padded to whole tiles, where
     it puts :data:`PAD_MARGIN` times the useful FLOPs (:func:`_useful_fmas`) of the tile
@@ -748,7 +800,7 @@ def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed
     k_steps = product(f.extents[x] for x in f.reduce)
     v_op = next(op for op in f.operands if op is not s_op)
     best, padded = _across_tiles(target, m_ext, v_ext, k_steps, full, pad=True,
-                                 taps=_taps_along(f, v_op, v))
+                                 taps=_taps_along(f, v_op, v), exact_v=exact_v)
     if best is None:
         return None
     mr, nv, lanes = best
@@ -760,11 +812,13 @@ def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed
 
 
 def _across_tiles(target, m_ext: int, v_ext: int, k_steps: int, lanes: int, pad: bool,
-                  taps: int = 1):
+                  taps: int = 1, exact_v: bool = False):
     """``(best tile, m padded to it)`` of the tiles with vectors along ``m`` (see
     :func:`_across_m`): those dividing ``m``, or with ``pad`` every one, ``m`` padded to its
     width and the score counted in the lanes kept. ``taps``: the window's taps along ``v``,
-    whose broadcasts the tile's positions share (:data:`ACROSS_SPARE_REGISTERS`)."""
+    whose broadcasts the tile's positions share (:data:`ACROSS_SPARE_REGISTERS`).
+    ``exact_v``: only tiles whose positions divide ``v`` (TVM cannot tensorize the guarded
+    last tile of a dot-product one)."""
     full = max(1, target.vector_bits // 32)
     regs = vector_registers(target)
     best, best_score, best_pad = None, 0.0, m_ext
@@ -777,6 +831,8 @@ def _across_tiles(target, m_ext: int, v_ext: int, k_steps: int, lanes: int, pad:
         for mr in range(1, min(v_ext, (regs - nv - 8) // nv) + 1):
             if mr * nv + nv + mr + taps - 1 > regs + ACROSS_SPARE_REGISTERS:
                 break
+            if exact_v and v_ext % mr:
+                continue
             # S's vectors stream from L2 (its panel spans the whole reduction), V's
             # broadcasts hit L1: an S load costs more
             score = (mr * nv / (mr + ACROSS_S_LOAD_COST * nv) * fma_share(target, lanes)
@@ -813,32 +869,38 @@ def fma_share(target, lanes: int) -> float:
 
 
 def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue,
-                       padding=None) -> Detail:
+                       padding=None, dot=None) -> Detail:
     """Vectors along ``m``: ``S`` packed ``[m // (nv * lanes), reduction.., nv * lanes]``,
     loops ``[outer.., m0, v0, reduction.., mr, nv, lanes]`` (``m0`` first when the outer
     rows are too few to share the cores); the accumulators' buffer holds ``m`` innermost and
     the write-back transposes the tile into the output (once per tile, after the whole
-    reduction)."""
+    reduction). ``dot`` (:func:`_dot_pair_across`): the pairs of its reduction iterator
+    innermost in ``S``'s pack and in ``V`` (:func:`_pairs_innermost`), under the lanes, one
+    dot-product instruction."""
     from tvm.tirx import IndexMap
 
     s_op, v_op, m, v = roles_
     mr, nv, lanes = tile
     blk = sch.get_sblock(name)
-    pack = _pack(sch, blk, s_op, f, m, nv * lanes)
+    pack = _pack(sch, blk, s_op, f, m, nv * lanes, pair=dot[1:] if dot else None)
     inlined = _inline_into_pack(sch, pack)
+    relaid = _pairs_innermost(sch, blk, v_op, *dot[1:]) if dot else None
     by = dict(zip([*f.spatial, *f.reduce], sch.get_loops(blk)))
     m0, mv, ml = sch.split(by[m], [None, nv, lanes])
     v0, vi = sch.split(by[v], [None, mr])
+    if dot:
+        by[dot[1]], pair_loop = sch.split(by[dot[1]], [None, dot[2]])
     red = [by[x] for x in _row_taps_first(f, v_op, m)]
     outer = [by[x] for x in f.spatial if x not in (m, v)]
+    tile_loops = (vi, mv, ml, pair_loop) if dot else (vi, mv, ml)
     per_block = _pack_per_block(sch, f, s_op, m0, outer, target)
     if per_block:
-        sch.reorder(m0, *outer, v0, *red, vi, mv, ml)
+        sch.reorder(m0, *outer, v0, *red, *tile_loops)
         fused, by_row = m0, False
         if target.cores > 1:
             sch.parallel(m0)
     else:
-        fused, v0, by_row = _across_loops(sch, outer, (m0, v0), red, (vi, mv, ml), target)
+        fused, v0, by_row = _across_loops(sch, outer, (m0, v0), red, tile_loops, target)
     crop, made = padding or (None, [])
     if crop is None:
         wb = sch.cache_write(blk, 0, "local")
@@ -856,20 +918,24 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue,
     _write_back_along_m(sch, wb, nd, mi, lanes)
     sch.unroll(vi)
     sch.unroll(mv)
-    sch.vectorize(ml)
-    inside = producers_inside(sch, blk, v_op.buffer, fused, target) if by_row else []
-    sch.decompose_reduction(blk, red[0])
+    if dot is None:
+        sch.vectorize(ml)
+    inside = producers_inside(sch, blk, v_op.buffer, fused, target) if by_row and \
+        relaid is None else []
+    init = sch.decompose_reduction(blk, red[0])
+    if dot is not None:
+        tensorize_dot(sch, blk, ml, init, fused, dot[0])
     from schedules.patterns.injective import schedule_injective
 
     if per_block:
         sch.compute_at(pack, m0, preserve_unit_loops=True)
-    blocked = _transpose_pack(sch, pack, f, s_op, m, nv * lanes, target)
+    blocked = dot is None and _transpose_pack(sch, pack, f, s_op, m, nv * lanes, target)
     if not blocked and per_block:  # inside its task: the source's runs vectorised, no cores
         store = sch.get(pack).body
         vectorize_tail(sch, list(sch.get_loops(pack)[-2:]), target, str(store.buffer.dtype))
     elif not blocked:
         schedule_injective(sch, sch.get(pack).name_hint, target)
-    for stage in made:
+    for stage in [*made, *([relaid] if relaid else [])]:
         if stage not in inlined:
             schedule_injective(sch, stage, target)
     return Detail(f"register tile {mr} x {nv} vectors of {lanes} ({mr * nv} accumulators) "
@@ -879,6 +945,7 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue,
                   + f", {v} broadcast"
                   + (f", {m} padded to {f.extents[m]} (cropped in the write-back)"
                      if crop else "")
+                  + (f", {dot[2]} steps of {dot[1]} a dot-product instruction" if dot else "")
                   + (f", {', '.join(inside)} computed per parallel row" if inside else "")
                   + (f", {', '.join(inlined)} computed in the pack" if inlined else ""),
                   also=(*inside, *(n for n in inlined if n not in made)))
