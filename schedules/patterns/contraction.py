@@ -422,21 +422,21 @@ def _dot_pair_across(f, s_op, v_op, target, lanes: int):
     return None
 
 
-def _pairs_innermost(sch, blk, op, r: str, depth: int) -> str:
+def _pairs_innermost(sch, blk, op, r: str, depth: int) -> str | None:
     """Lay ``op`` out with the ``depth`` steps of ``r`` innermost (``[.., c // 2, h, w,
     c % 2]``): through a copy where it is an argument of the kernel, else the stage that
     writes it writes it so. Returns the copy's block, or None."""
     from tvm.tirx import IndexMap
 
-    dims = [next(iter(vs)) if len(vs) == 1 else None for vs in op.index_vars]
+    ndim = len(op.indices)
     rd = next(d for d, ix in enumerate(op.indices) if str(ix) == r)
     idx = next(i for i, rg in enumerate(sch.get(blk).reads) if rg.source.name == op.buffer)
     produced = any(sch.get(p).writes[0].source.name == op.buffer
                    for p in sch.get_producers(blk))
     copy = None if produced else sch.cache_read(blk, idx, "global")
     sch.transform_layout(blk, ("read", idx), IndexMap.from_func(
-        lambda *ix: [*(ix[d] // depth if d == rd else ix[d] for d in range(len(dims))),
-                     ix[rd] % depth], ndim=len(dims), index_dtype="int32"))
+        lambda *ix: [*(ix[d] // depth if d == rd else ix[d] for d in range(ndim)),
+                     ix[rd] % depth], ndim=ndim, index_dtype="int32"))
     return None if copy is None else sch.get(copy).name_hint
 
 
@@ -506,38 +506,11 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     dot_along = dot_ok and _dot_pair(f, s_op, v_op, target, full) is not None
     (mr, nv, lanes), score = scored_tile(target, f.extents[m], f.extents[v], pad_ok=einsum,
                                          dot=dot_along)
-    # an unpadded ragged tile along v keeps a partial vector inside the reduction
-    ragged_v = not einsum and _ragged(f.extents[v], nv * lanes, lanes)
-    # a tile along v of whole full-width vectors, V's positions read bare (no window along
-    # v, whose overlapping taps share the broadcasts of a tile along m): across m must beat
-    # it with its write-back counted
-    whole_v = lanes == target.vector_bits // 32 and not _ragged(f.extents[v], nv * lanes, lanes)
-    steps = product(f.extents[x] for x in f.reduce) if whole_v and _taps_along(
-        f, v_op, v) == 1 else 0
-    # vectors along m have no dot-product form here: the tile along v keeps it
-    # a dot-product tile along m divides v (no guarded last tile to tensorize)
-    dot_across = dot_ok and not dot_along and \
-        _dot_pair_across(f, s_op, v_op, target, full) is not None
-    across = None if split or transposed or dot_along else _across_m(
-        target, f, s_op, m, v, score, ragged_v, v_op.grouped.get(m), steps, dot_across)
-    padded_m = None
-    if across is None and not split and not transposed and not dot_along and \
-            m not in v_op.grouped:
-        v_computed = _v_padded(f.extents[v], nv, lanes) if einsum else 0
-        padded_m = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed,
-                                    dot_across)
-    if padded_m is not None:
-        grown = _pad_axis(sch, name, f, m, padded_m[1])
-        if grown is not None:
-            f, crop, made = grown
-            s_op, v_op, m, v, _ = roles(f)
-            dot = _dot_pair_across(f, s_op, v_op, target, padded_m[0][2]) if dot_ok else None
-            return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), padded_m[0], target,
-                                      epilogue, (crop, made), dot)
-    if across is not None:
-        dot = _dot_pair_across(f, s_op, v_op, target, across[2]) if dot_ok else None
-        return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
-                                  epilogue, dot=dot)
+    if not (split or transposed or dot_along):  # a dot-product tile along v stays there
+        across = _across_if_better(sch, name, f, target, epilogue, ((mr, nv, lanes), score),
+                                   (einsum, dot_ok))
+        if across is not None:
+            return across
     nv_lanes = min(nv * lanes, f.extents[v])
     m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
     if parts_ok and epilogue is None and split is None:
@@ -593,6 +566,46 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
                      if crop else "")
                   + (f", {', '.join(inside)} computed per parallel task" if inside else ""),
                   also=tuple(inside))
+
+
+def _across_if_better(sch, name: str, f, target, epilogue, scored: tuple, flags: tuple):
+    """Schedule contraction ``name`` with its vectors along ``m`` (:func:`_schedule_across_m`)
+    where that tile beats the ``scored`` tile along ``v`` (:func:`_across_m`), or does with
+    ``m`` padded to whole vectors (:func:`_across_m_padded`); None otherwise (nothing
+    changed). ``flags``: ``(einsum, dot_ok)``, whether the operands are pure and whether a
+    dot-product instruction may run the tile (one along m then divides ``v``: TVM cannot
+    tensorize a guarded last tile)."""
+    (mr, nv, lanes), score = scored
+    einsum, dot_ok = flags
+    s_op, v_op, m, v, _ = roles(f)
+    full = max(1, target.vector_bits // 32)
+    # an unpadded ragged tile along v keeps a partial vector inside the reduction
+    ragged_v = not einsum and _ragged(f.extents[v], nv * lanes, lanes)
+    # a tile along v of whole full-width vectors, V's positions read bare (no window along
+    # v, whose overlapping taps share the broadcasts of a tile along m): across m must beat
+    # it with its write-back counted
+    whole_v = lanes == full and not _ragged(f.extents[v], nv * lanes, lanes)
+    steps = product(f.extents[x] for x in f.reduce) if whole_v and _taps_along(
+        f, v_op, v) == 1 else 0
+    dot = dot_ok and _dot_pair_across(f, s_op, v_op, target, full) is not None
+    across = _across_m(target, f, s_op, m, v, score, ragged_v, v_op.grouped.get(m), steps,
+                       dot)
+    if across is not None:
+        pair = _dot_pair_across(f, s_op, v_op, target, across[2]) if dot_ok else None
+        return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
+                                  epilogue, dot=pair)
+    if m in v_op.grouped:
+        return None
+    v_computed = _v_padded(f.extents[v], nv, lanes) if einsum else 0
+    padded = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed, dot)
+    grown = None if padded is None else _pad_axis(sch, name, f, m, padded[1])
+    if grown is None:
+        return None
+    f, crop, made = grown
+    s_op, v_op, m, v, _ = roles(f)
+    pair = _dot_pair_across(f, s_op, v_op, target, padded[0][2]) if dot_ok else None
+    return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), padded[0], target, epilogue,
+                              (crop, made), pair)
 
 
 # How many times over the copies of a padding stage computed in each task of a contraction may
