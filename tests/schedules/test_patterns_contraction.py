@@ -201,18 +201,24 @@ def test_strided_padding_in_a_pass_of_its_own_keeps_its_rows():
     assert "pragma_dsl_lane_shuffle" not in func.script()
 
 
-def _nhwc_conv2d(n, ci, co, hw, k, pad, stride):
-    x = te.placeholder((n, hw, hw, ci), name="x")
-    wt = te.placeholder((k, k, ci, co), name="w")
+def _nhwc_conv2d(n, ci, co, hw, k, pad, stride, dtype="float32", acc=None):
+    """A user's NHWC conv2d (HWIO weights) in ``dtype``; ``acc``: each operand widened to it
+    before the product (a bfloat16 conv2d summed in float32)."""
+    x = te.placeholder((n, hw, hw, ci), name="x", dtype=dtype)
+    wt = te.placeholder((k, k, ci, co), name="w", dtype=dtype)
     hp = hw + 2 * pad
     xp = te.compute((n, hp, hp, ci), lambda b, i, j, c: te.if_then_else(
-        te.all(i >= pad, i < hw + pad, j >= pad, j < hw + pad), x[b, i - pad, j - pad, c], 0.0),
-        name="xpad")
+        te.all(i >= pad, i < hw + pad, j >= pad, j < hw + pad), x[b, i - pad, j - pad, c],
+        te.const(0, dtype)), name="xpad")
     ry, rx, rc = (te.reduce_axis((0, e), name=nm) for e, nm in ((k, "ry"), (k, "rx"), (ci, "rc")))
     o = (hp - k) // stride + 1
-    y = te.compute((n, o, o, co), lambda b, i, j, f: te.sum(
-        xp[b, i * stride + ry, j * stride + rx, rc] * wt[ry, rx, rc, f], axis=[ry, rx, rc]),
-        name="conv")
+
+    def term(b, i, j, f):
+        a, w = xp[b, i * stride + ry, j * stride + rx, rc], wt[ry, rx, rc, f]
+        return a.astype(acc) * w.astype(acc) if acc else a * w
+
+    y = te.compute((n, o, o, co), lambda b, i, j, f: te.sum(term(b, i, j, f), axis=[ry, rx, rc]),
+                   name="conv")
     return x, wt, y
 
 
@@ -246,21 +252,11 @@ def test_nhwc_padding_computed_in_each_task_where_it_repeats_little(geo, in_task
 
 
 def _nhwc_conv2d_bias_relu(n, ci, co, hw, k, pad, stride, dtype):
-    """A user's NHWC conv2d (HWIO weights) with a bias per output channel and a ReLU."""
-    x = te.placeholder((n, hw, hw, ci), name="x", dtype=dtype)
-    wt = te.placeholder((k, k, ci, co), name="w", dtype=dtype)
+    """:func:`_nhwc_conv2d` with a bias per output channel and a ReLU."""
+    x, wt, y = _nhwc_conv2d(n, ci, co, hw, k, pad, stride, dtype)
     bias = te.placeholder((co,), name="bias", dtype=dtype)
-    hp = hw + 2 * pad
-    zero = te.const(0, dtype)
-    xp = te.compute((n, hp, hp, ci), lambda b, i, j, c: te.if_then_else(
-        te.all(i >= pad, i < hw + pad, j >= pad, j < hw + pad), x[b, i - pad, j - pad, c], zero),
-        name="xpad")
-    ry, rx, rc = (te.reduce_axis((0, e), name=nm) for e, nm in ((k, "ry"), (k, "rx"), (ci, "rc")))
-    o = (hp - k) // stride + 1
-    y = te.compute((n, o, o, co), lambda b, i, j, f: te.sum(
-        xp[b, i * stride + ry, j * stride + rx, rc] * wt[ry, rx, rc, f], axis=[ry, rx, rc]),
-        name="conv")
-    out = te.compute(y.shape, lambda *i: te.max(y(*i) + bias[i[-1]], zero), name="act")
+    out = te.compute(y.shape, lambda *i: te.max(y(*i) + bias[i[-1]], te.const(0, dtype)),
+                     name="act")
     return x, wt, bias, out
 
 
@@ -492,17 +488,7 @@ def test_bf16_nhwc_conv2d_summed_in_fp32_runs_on_the_dot_instruction(geo):
     92% of one Zen 4 core's bf16 roof. Against float64."""
     n, ci, co, hw, k, pad, stride = geo
     rng = np.random.default_rng(107)
-    x = te.placeholder((n, hw, hw, ci), name="x", dtype="bfloat16")
-    wt = te.placeholder((k, k, ci, co), name="w", dtype="bfloat16")
-    hp = hw + 2 * pad
-    xp = te.compute((n, hp, hp, ci), lambda b, i, j, c: te.if_then_else(
-        te.all(i >= pad, i < hw + pad, j >= pad, j < hw + pad), x[b, i - pad, j - pad, c],
-        te.const(0, "bfloat16")), name="xpad")
-    ry, rx, rc = (te.reduce_axis((0, e), name=nm) for e, nm in ((k, "ry"), (k, "rx"), (ci, "rc")))
-    o = (hp - k) // stride + 1
-    y = te.compute((n, o, o, co), lambda b, i, j, f: te.sum(
-        xp[b, i * stride + ry, j * stride + rx, rc].astype("float32")
-        * wt[ry, rx, rc, f].astype("float32"), axis=[ry, rx, rc]), name="conv")
+    x, wt, y = _nhwc_conv2d(*geo, "bfloat16", acc="float32")
     xn, wn = _bf16(rng, (n, hw, hw, ci)), _bf16(rng, (k, k, ci, co))
     (out,), why = build_run([y], [x, wt], [xn, wn], target=_bf16_target())
     ref = _ref_conv(xn.astype(np.float64).transpose(0, 3, 1, 2),
