@@ -233,14 +233,21 @@ def _classify_injective(f: BlockFacts, body) -> None:
         f.why = "a copy of " + f.reads[0].buffer
 
 
-def _product_operands(value, out_name: str):
-    """``(a, b)`` loads if ``value`` is ``out + a * b`` (casts allowed), else None."""
-    from tvm.ir.prim.expr import Add, Cast, Mul
+def _summand(value, out_name: str):
+    """``t`` where ``value`` is ``out + t`` (either way round), else None."""
+    from tvm.ir.prim.expr import Add
 
     if not isinstance(value, Add):
         return None
-    prod = value.b if loads_of(value.a) and loads_of(value.a)[0].source.name == out_name \
+    return value.b if loads_of(value.a) and loads_of(value.a)[0].source.name == out_name \
         else value.a
+
+
+def _product_operands(value, out_name: str):
+    """``(a, b)`` loads if ``value`` is ``out + a * b`` (casts allowed), else None."""
+    from tvm.ir.prim.expr import Cast, Mul
+
+    prod = _summand(value, out_name)
     while isinstance(prod, Cast):
         prod = prod.value
     if not isinstance(prod, Mul):
@@ -256,8 +263,7 @@ def _each_widened(value, out_name: str, dtype: str) -> bool:
     ``dtype`` from a narrower type."""
     from tvm.ir.prim.expr import Cast, Mul
 
-    prod = value.b if loads_of(value.a) and loads_of(value.a)[0].source.name == out_name \
-        else value.a
+    prod = _summand(value, out_name)
     if not isinstance(prod, Mul):
         return False
     return all(isinstance(x, Cast) and str(x.ty.dtype) == dtype and len(loads_of(x)) == 1

@@ -216,6 +216,13 @@ def _pure(op) -> bool:
     return all(len(vs) == 1 and str(ix) in vs for ix, vs in zip(op.indices, op.index_vars))
 
 
+def _reads_plainly(op, var: str) -> bool:
+    """Whether ``op`` reads iterator ``var`` in exactly one dimension, as that whole index
+    (``w[.., f]``, not ``x[.., i + rx]``)."""
+    return sum(var in vs for vs in op.index_vars) == 1 and \
+        any(str(ix) == var for ix in op.indices)
+
+
 def _packable(op) -> bool:
     """Whether each of ``op``'s indices reads one iterator (``w[o, c, 2 - ry, 2 - rx]``, a
     user's flipped weights, as well as ``w[o, c, ry, rx]``), so :func:`_pack` can lay it
@@ -305,8 +312,7 @@ def _pad_v(sch, name: str, f, target, tile: tuple):
     s_op, v_op, m, v, _ = roles(f)
     full = max(1, target.vector_bits // 32)
     v_ext = f.extents[v]
-    if v_ext % full == 0 or not any(str(ix) == v for ix in v_op.indices) or \
-            sum(v in vs for vs in v_op.index_vars) != 1:
+    if v_ext % full == 0 or not _reads_plainly(v_op, v):
         return None
     # to whole tiles of 1..4 vectors: 100 channels are 7 vectors, or 2 tiles of 4
     widths = {-(-v_ext // (k * full)) * k * full for k in range(1, 5)}
@@ -321,8 +327,8 @@ def _pad_v(sch, name: str, f, target, tile: tuple):
 def _pad_axis(sch, name: str, f, axis: str, padded: int):
     """Pad contraction ``name``'s iterator ``axis`` to ``padded`` (TVM's ``pad_einsum``: the
     operand that reads it a zero-padded copy, the block writing a padded buffer that a crop
-    block copies out). ``pad_einsum`` refuses a windowed operand, so the one lacking ``axis``
-    has its read re-indexed by the block's iterators first (``reindex``) and inlined back
+    block copies out). ``pad_einsum`` refuses a windowed (or flipped) operand, so every
+    such read is re-indexed by the block's iterators first (``reindex``) and inlined back
     after. Returns ``(facts of the padded block, crop block, the other new blocks)``, or
     None where TVM refuses (the block unchanged)."""
     from schedules.patterns.analysis import block_facts, root_blocks
@@ -392,10 +398,8 @@ def _dot_pair(f, s_op, v_op, target, lanes: int):
         return None
     intrin, depth = hit
     r = str(s_op.indices[-1])
-    if r not in f.reduce or f.extents[r] % depth or \
-            sum(r in vs for vs in s_op.index_vars) != 1 or \
-            not any(str(ix) == r for ix in v_op.indices) or \
-            sum(r in vs for vs in v_op.index_vars) != 1:
+    if r not in f.reduce or f.extents[r] % depth or not _reads_plainly(s_op, r) or \
+            not _reads_plainly(v_op, r):
         return None
     return intrin, r, depth
 
@@ -415,9 +419,7 @@ def _dot_pair_across(f, s_op, v_op, target, lanes: int):
         return None
     intrin, depth = hit
     for r in f.reduce:
-        plain = all(sum(r in vs for vs in op.index_vars) == 1 and
-                    any(str(ix) == r for ix in op.indices) for op in (s_op, v_op))
-        if plain and f.extents[r] % depth == 0:
+        if _reads_plainly(s_op, r) and _reads_plainly(v_op, r) and f.extents[r] % depth == 0:
             return intrin, r, depth
     return None
 
@@ -587,17 +589,17 @@ def _across_if_better(sch, name: str, f, target, epilogue, scored: tuple, flags:
     whole_v = lanes == full and not _ragged(f.extents[v], nv * lanes, lanes)
     steps = product(f.extents[x] for x in f.reduce) if whole_v and _taps_along(
         f, v_op, v) == 1 else 0
-    dot = dot_ok and _dot_pair_across(f, s_op, v_op, target, full) is not None
+    pair = _dot_pair_across(f, s_op, v_op, target, full) if dot_ok else None
     across = _across_m(target, f, s_op, m, v, score, ragged_v, v_op.grouped.get(m), steps,
-                       dot)
-    if across is not None:
-        pair = _dot_pair_across(f, s_op, v_op, target, across[2]) if dot_ok else None
+                       pair is not None)
+    if across is not None:  # the instruction's 16 lanes: a half-width tile keeps the FMAs
         return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
-                                  epilogue, dot=pair)
+                                  epilogue, dot=pair if across[2] == full else None)
     if m in v_op.grouped:
         return None
     v_computed = _v_padded(f.extents[v], nv, lanes) if einsum else 0
-    padded = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed, dot)
+    padded = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed,
+                              pair is not None)
     grown = None if padded is None else _pad_axis(sch, name, f, m, padded[1])
     if grown is None:
         return None
@@ -672,11 +674,7 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=(),
     fused = sch.fuse(*par) if len(par) > 1 else par[0]
     if target.cores > 1 and extent(sch, fused) >= 2:
         sch.parallel(fused)
-    if crop is None:
-        wb = sch.cache_write(blk, 0, "local")
-    else:  # the padded output lives in the tile's registers; the crop is its write-back
-        sch.set_scope(blk, 0, "local")
-        wb = sch.get_sblock(crop)
+    wb = _accumulators(sch, blk, crop)
     if epilogue is not None:
         sch.reverse_compute_inline(sch.get_sblock(epilogue))
     sch.reverse_compute_at(wb, m1l, preserve_unit_loops=True)
@@ -695,6 +693,16 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=(),
         wl = sch.split(wl, [None, lanes])[-1]
     sch.vectorize(wl)
     return inside
+
+
+def _accumulators(sch, blk, crop: str | None):
+    """The write-back block of ``blk``'s register tile: a ``local`` copy of its output
+    (``cache_write``), or where its output is padded (:func:`_pad_axis`) that padded buffer
+    made ``local`` and the crop block that copies the real part out."""
+    if crop is None:
+        return sch.cache_write(blk, 0, "local")
+    sch.set_scope(blk, 0, "local")
+    return sch.get_sblock(crop)
 
 
 def _task_rows(f, outer: list, operands, target) -> int:
@@ -808,7 +816,7 @@ def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed
     full = max(1, target.vector_bits // 32)
     m_ext, v_ext = f.extents[m], f.extents[v]
     if full < 8 or m_ext % (full // 2) == 0 or not _packable(s_op) or \
-            sum(m in vs for vs in s_op.index_vars) != 1:
+            not _reads_plainly(s_op, m):
         return None
     k_steps = product(f.extents[x] for x in f.reduce)
     v_op = next(op for op in f.operands if op is not s_op)
@@ -915,11 +923,7 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue,
     else:
         fused, v0, by_row = _across_loops(sch, outer, (m0, v0), red, tile_loops, target)
     crop, made = padding or (None, [])
-    if crop is None:
-        wb = sch.cache_write(blk, 0, "local")
-    else:  # the padded output lives in the tile's registers; the crop is its write-back
-        sch.set_scope(blk, 0, "local")
-        wb = sch.get_sblock(crop)
+    wb = _accumulators(sch, blk, crop)
     # the accumulators' buffer with m innermost, so a tile row is whole vectors
     nd = len(f.spatial)
     mi = f.spatial.index(m)
