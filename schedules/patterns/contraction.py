@@ -75,6 +75,16 @@ ACROSS_S_LOAD_COST = 2.5  # an S vector from L2 against a V broadcast from L1
 # channels, 3 taps, ran 11 x 2 (37) at 65 GFLOP/s on one Zen 4 core, 10 x 2 (34) over 100
 # at 112.
 ACROSS_SPARE_REGISTERS = 2
+# A tile along m whose positions run along an axis this short holds at most 3 x 4 vectors
+# (fewer than a 4 x 4 tile's 16 accumulators): its positions go along a longer axis of V's
+# where one has no window (:func:`_positions_axis`).
+SHORT_POSITIONS = 4
+# The longest reduction iterator along a tile's positions that LLVM unrolls whole, so the
+# positions share its broadcasts from one step to the next (:func:`_taps_along`): a user's
+# NCHW weight gradient along its 3 column taps ran 3 x 4 vectors at 117 GFLOP/s over rows of
+# 7 and 14 on one Zen 4 core (8 x 2 along its input channels: 102-113), and at 88 over rows
+# of 28 (along the channels: 105).
+UNROLLED_WINDOW = 16
 # An AVX-512 tile along v with a partial vector, against a whole one: a user's grouped conv2d
 # (128 channels, 32 groups, 28x28) ran at 11 GFLOP/s so and at 46 in quarter registers (2 x 7
 # xmm) on one Zen 4 core, where 0.3 had kept the partial zmm
@@ -590,6 +600,7 @@ def _across_if_better(sch, name: str, f, target, epilogue, scored: tuple, flags:
     steps = product(f.extents[x] for x in f.reduce) if whole_v and _taps_along(
         f, v_op, v) == 1 else 0
     pair = _dot_pair_across(f, s_op, v_op, target, full) if dot_ok else None
+    v = _positions_axis(f, s_op, v_op, m, v)
     across = _across_m(target, f, s_op, m, v, score, ragged_v, v_op.grouped.get(m), steps,
                        pair is not None)
     if across is not None:  # the instruction's 16 lanes: a half-width tile keeps the FMAs
@@ -755,6 +766,21 @@ def _pad_repeat(sch, blk, buffer: str) -> float | None:
     return None
 
 
+def _positions_axis(f, s_op, v_op, m: str, v: str) -> str:
+    """The axis of a tile along ``m`` whose positions are ``V``'s broadcasts: ``v``, unless
+    it is shorter than :data:`SHORT_POSITIONS` and no window along it shares broadcasts;
+    then the longest spatial axis that ``V`` alone reads, as a plain index. A user's NCHW
+    weight gradient (``dw[o, i, ry, rx] = sum dy[n, o, h, w] * x[n, i, h + ry, w + rx]``)
+    ends in 3 taps, or in 1 (1x1), which leave 12 or 4 accumulators; its input channels
+    ``i`` leave 16 (one Zen 4 core: 8x64 -> 64 at 56 x 56, 3 x 3, 18.6 -> 17.5 ms; 8x128 at
+    28 x 28 21.0 -> 17.6 ms; 1x1 64 -> 128 13.4 -> 5.0 ms)."""
+    if f.extents[v] >= SHORT_POSITIONS or _taps_along(f, v_op, v) > 1:
+        return v
+    longer = [x for x in f.spatial if x not in (m, v) and x not in s_op.all_vars()
+              and _reads_plainly(v_op, x) and f.extents[x] > f.extents[v]]
+    return max(longer, key=lambda x: f.extents[x]) if longer else v
+
+
 def _merit(rows: int, vectors: int) -> float:
     """A ``rows x vectors`` register tile's FMAs per load, then its size as a tie-break."""
     return rows * vectors / (rows + vectors) + 0.01 * rows * vectors
@@ -869,9 +895,16 @@ def _across_tiles(target, m_ext: int, v_ext: int, k_steps: int, lanes: int, pad:
 
 def _taps_along(f, op, var: str) -> int:
     """The taps a window moves ``op``'s index along ``var`` by: the product of the extents of
-    the reduction iterators indexing the dimensions ``var`` indexes (1: no window)."""
+    the reduction iterators indexing the dimensions ``var`` indexes (1: no window). Of an
+    index ``i + r``, the shorter iterator is the window: a convolution's ``x[.., v + rx]``
+    has ``rx``'s 3 taps along its 56 columns ``v``. A weight gradient's ``x[.., rw + s]``
+    sums the columns ``rw`` for each of its 3 taps ``s``: they share broadcasts along ``s``
+    only where LLVM unrolls ``rw`` whole (up to :data:`UNROLLED_WINDOW` steps: 7 or 14
+    columns); 56 counted so, no tile along its output channels fitted the registers, and
+    it ran 3 of 16 lanes."""
     dims = [vs for vs in op.index_vars if var in vs]
-    return product(f.extents[x] for vs in dims for x in vs if x in f.reduce)
+    return product(f.extents[x] for vs in dims for x in vs if x in f.reduce and (
+        f.extents[x] <= f.extents[var] or f.extents[x] <= UNROLLED_WINDOW))
 
 
 def _ragged(extent_: int, width: int, lanes: int) -> bool:
@@ -915,7 +948,10 @@ def _schedule_across_m(sch, name: str, f, roles_, tile, target, epilogue,
     outer = [by[x] for x in f.spatial if x not in (m, v)]
     tile_loops = (vi, mv, ml, pair_loop) if dot else (vi, mv, ml)
     per_block = _pack_per_block(sch, f, s_op, m0, outer, target)
-    if per_block:
+    if f.write_vars[-1] != {v}:
+        (fused, v0), by_row = _positions_first(sch, (m0, v0), outer, red, tile_loops,
+                                               per_block, target), False
+    elif per_block:
         sch.reorder(m0, *outer, v0, *red, *tile_loops)
         fused, by_row = m0, False
         if target.cores > 1:
@@ -1062,6 +1098,31 @@ def _write_back_along_m(sch, wb, nd: int, mi: int, lanes: int) -> None:
     for lp in rest:
         if extent(sch, lp) > 1:
             sch.unroll(lp)
+
+
+def _positions_first(sch, m0_v0, outer, red, tile, per_block: bool, target):
+    """Order ``[m0, v0, outer.., reduction.., tile..]`` for a tile whose positions run along
+    another axis than the output's innermost (:func:`_positions_axis`): each task owns a
+    block of the output across all of its outer axes (a weight gradient's taps), so the
+    lines its transposing write-back fills are whole before another task reads them, and
+    its window of ``V`` stays in cache from one tap to the next (one Zen 4 core, against
+    the taps outside the blocks: 1.05x at 7x7, 14x14 and 112x112). ``m0`` and ``v0`` run
+    across cores (``m0`` alone where each task packs its block of ``S``), the outer axes
+    joining them where the blocks are too few. Returns ``(the parallel loop, the loop right
+    above the reduction)``, where the tile's write-back goes."""
+    m0, v0 = m0_v0
+    sch.reorder(m0, v0, *outer, *red, *tile)
+    if per_block:
+        fused = m0
+    else:
+        fused = sch.fuse(m0, v0)
+        if outer and extent(sch, fused) < 4 * target.cores:
+            fused = sch.fuse(fused, *outer)
+            outer = []
+        v0 = fused
+    if target.cores > 1 and extent(sch, fused) >= 2:
+        sch.parallel(fused)
+    return fused, outer[-1] if outer else v0
 
 
 def _across_loops(sch, outer, m0_v0, red, tile, target):

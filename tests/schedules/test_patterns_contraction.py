@@ -527,6 +527,73 @@ def test_tile_along_channels_leaves_registers_for_its_window_broadcasts(length, 
     assert mr * nv + nv + mr + taps - 1 <= 32 + ACROSS_SPARE_REGISTERS, stage
 
 
+def _user_nchw_dw(n, c, k, size, taps, pads, stride):
+    """A user's N-D NCHW weight gradient, ``dw[o, i, r..] = sum_{b, p..} dy[b, o, p..] *
+    xpad[b, i, p * stride + r ..]`` (``size``, ``taps``, ``pads``: one entry per spatial
+    axis; ``pads`` each ``(before, after)``): ``(dy, x, dw, float64 reference of dy and x
+    data)``."""
+    nd = len(size)
+    padded = [h + a + b for h, (a, b) in zip(size, pads)]
+    out = [(p - t) // stride + 1 for p, t in zip(padded, taps)]
+    x = te.placeholder((n, c, *size), name="x")
+    dy = te.placeholder((n, k, *out), name="dy")
+
+    def pad(b, ci, *ix):
+        inside = te.all(*(e for i, h, (a, _) in zip(ix, size, pads)
+                          for e in (i >= a, i < h + a)))
+        return te.if_then_else(inside, x[(b, ci, *(i - a for i, (a, _) in zip(ix, pads)))],
+                               0.0)
+
+    xp = te.compute((n, c, *padded), pad, name="xpad")
+    rb = te.reduce_axis((0, n), name="rb")
+    rp = [te.reduce_axis((0, e), name=f"rp{d}") for d, e in enumerate(out)]
+    dw = te.compute((k, c, *taps), lambda o, i, *r: te.sum(
+        dy[(rb, o, *rp)] * xp[(rb, i, *(p * stride + t for p, t in zip(rp, r)))],
+        axis=[rb, *rp]), name="dw")
+
+    def reference(dyn, xn):
+        xq = np.pad(xn.astype(np.float64), ((0, 0), (0, 0), *pads))
+        ref = np.zeros((k, c, *taps))
+        for r in np.ndindex(*taps):
+            win = xq[(slice(None), slice(None),
+                      *(slice(t, t + stride * (e - 1) + 1, stride) for t, e in zip(r, out)))]
+            ref[(slice(None), slice(None), *r)] = np.tensordot(
+                dyn.astype(np.float64), win, axes=([0, *range(2, 2 + nd)],
+                                                   [0, *range(2, 2 + nd)]))
+        return ref
+
+    return dy, x, dw, reference
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize("geo, along", [
+    ((2, 40, 32, (20, 20), (3, 3), ((1, 2), (1, 2)), 1), "v_i"),   # asymmetric padding
+    ((2, 24, 48, (18, 18), (1, 1), ((0, 0), (0, 0)), 1), "v_i"),   # 1x1: 1 position a tap
+    ((2, 17, 32, (37, 37), (3, 3), ((1, 1), (1, 1)), 2), "v_i"),   # stride 2, prime sizes
+    ((3, 17, 32, (50,), (3,), ((1, 1),), 1), "v_i"),               # conv1d
+    ((2, 24, 32, (7, 7), (3, 3), ((1, 1), (1, 1)), 1), "taps"),    # rows of 7: taps share
+], ids=str)
+def test_user_nchw_weight_gradient_tiles_along_its_channels(geo, along, cores):
+    """A user's NCHW weight gradient ends in its taps (3, or 1): vectors along its output
+    channels, the tile's positions along its input channels (:func:`_positions_axis`),
+    where before they ran along the 3 taps (12 accumulators; with a window over 56 columns
+    counted as taps, 3 of 16 lanes along the taps: 36 GFLOP/s on one Zen 4 core, PyTorch
+    92). Over rows short enough to unroll (7) the taps share the broadcasts and keep the
+    positions. Each task owns its block of the output across the taps (2 cores: the
+    parallel loop fuses the blocks). Against float64."""
+    n, c, k, size, taps, pads, stride = geo
+    tgt = targets.get("host").with_cores(cores)
+    dy, x, dw, reference = _user_nchw_dw(n, c, k, size, taps, pads, stride)
+    rng = np.random.default_rng(211)
+    dyn = rand([int(e) for e in dy.shape], "float32", rng)
+    xn = rand([int(e) for e in x.shape], "float32", rng)
+    (out,), why = build_run([dw], [dy, x], [dyn, xn], target=tgt)
+    check(out, reference(dyn, xn), "float32", f"user dw {geo}")
+    stage = _stage_why(why, "dw")
+    along = f"v_{dw.op.axis[-1].var.name}" if along == "taps" else along
+    assert "vectors along v_o" in stage and f"over {along} x v_o" in stage, stage
+
+
 def test_conv2d_relu_epilogue_5d_bias():
     """conv + a 5-D broadcast epilogue (bias per channel, viewed [n, co, ho, wo, 1])."""
     n, ci, co, h, w, k = 2, 3, 5, 6, 7, 3
