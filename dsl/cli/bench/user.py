@@ -274,6 +274,37 @@ def _strided_dx(d) -> Case:
     return Case([dy, w], [dx], [dyv, wv], torch_fn, numpy_fn)
 
 
+def _nchw_dw(d) -> Case:
+    """The weight gradient of an NCHW conv2d as a user writes it: ``dw[o, i, ry, rx] = sum
+    dy[n, o, h, w] * xpad[n, i, h * s + ry, w * s + rx]`` (the tile's positions along the
+    input channels, :func:`schedules.patterns.contraction._positions_axis`)."""
+    from tvm import te
+
+    n, c, k, hw, ks, p = d["n"], d["c"], d["k"], d["hw"], d["ks"], d["pad"]
+    st, out = d.get("stride", 1), _conv_out(d)
+    dy = te.placeholder((n, k, out, out), name="dy")
+    x = te.placeholder((n, c, hw, hw), name="x")
+    xp = _nchw_pad(x, p)
+    rb, rh, rw = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "rb"), (out, "rh"),
+                                                                (out, "rw")))
+    dw = te.compute((k, c, ks, ks), lambda o, i, ry, rx: te.sum(
+        dy[rb, o, rh, rw] * xp[rb, i, rh * st + ry, rw * st + rx], axis=[rb, rh, rw]),
+        name="dw")
+    dyv, xv = _data((n, k, out, out), 20), _data((n, c, hw, hw), 21)
+
+    def numpy_fn():
+        win = np.lib.stride_tricks.sliding_window_view(
+            np.pad(xv, ((0, 0), (0, 0), (p, p), (p, p))), (ks, ks), axis=(2, 3))
+        return np.tensordot(dyv, win[:, :, ::st, ::st], axes=([0, 2, 3], [0, 2, 3]))
+
+    def torch_fn(torch):
+        tdy, tx = torch.from_numpy(dyv), torch.from_numpy(xv)
+        return lambda: torch.nn.grad.conv2d_weight(tx, (k, c, ks, ks), tdy, stride=st,
+                                                   padding=p)
+
+    return Case([dy, x], [dw], [dyv, xv], torch_fn, numpy_fn)
+
+
 def _conv_out(d) -> int:
     return (d["hw"] + 2 * d["pad"] - d["ks"]) // d.get("stride", 1) + 1
 
@@ -735,6 +766,12 @@ def specs() -> list[Spec]:
              {"full": {"n": 8, "c": 64, "k": 64, "hw": 28, "ks": 3, "pad": 1, "stride": 1},
               "tiny": {"n": 2, "c": 20, "k": 6, "hw": 7, "ks": 3, "pad": 1, "stride": 1}},
              _strided_dx, _conv_flops),
+        # a user's weight gradient: 3 taps innermost, the tile's positions along the input
+        # channels and its vectors along the output channels
+        Spec("dw_nchw_3x3_56x56x64_b8", "conv2d_dw",
+             {"full": {"n": 8, "c": 64, "k": 64, "hw": 56, "ks": 3, "pad": 1},
+              "tiny": {"n": 2, "c": 7, "k": 20, "hw": 19, "ks": 3, "pad": 1}},
+             _nchw_dw, _conv_flops),
         Spec("depthwise_nchw_3x3_56x56x64", "window",
              {"full": {"n": 1, "c": 64, "hw": 56, "ks": 3, "pad": 1},
               "tiny": {"n": 2, "c": 3, "hw": 8, "ks": 3, "pad": 1}}, _depthwise_fwd,
