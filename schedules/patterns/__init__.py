@@ -121,7 +121,7 @@ def _match_reduction(where):
         if f.kind == "reduction" and found != where and (found, where) != ("window", "outer"):
             return None
         how = ("rows across cores" if where == "innermost"
-               else "a vector tile of the contiguous output axis accumulated in registers")
+               else "vectors along the contiguous output axis")
         return [name], f"{f.why}: {how}"
     return match
 
