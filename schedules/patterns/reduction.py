@@ -311,10 +311,13 @@ def _stream_pieces(f, target) -> int:
     big = largest_read(f)
     if big is None or not big.pure() or not f.reduce:
         return 0
-    dims = [next(iter(vs)) for vs in big.index_vars]
-    n_sp = len(f.spatial)
-    if dims[len(dims) - n_sp:] != f.spatial or set(dims[:len(dims) - n_sp]) != set(f.reduce) \
-            or [next(iter(vs)) for vs in f.write_vars] != f.spatial:
+    dims = [next(iter(vs)) for vs in big.index_vars if f.extents[next(iter(vs))] > 1]
+    # a unit axis is no stride (a row vector times a matrix: ``c[0, j]``)
+    sp = [v for v in f.spatial if f.extents[v] > 1]
+    n_sp = len(sp)
+    if not sp or dims[len(dims) - n_sp:] != sp or \
+            set(dims[:len(dims) - n_sp]) != {v for v in f.reduce if f.extents[v] > 1} or \
+            [next(iter(vs)) for vs in f.write_vars if len(vs) == 1] != f.spatial:
         return 0
     row = product(f.extents[v] for v in f.spatial)
     lanes = target.lanes(f.out_dtype)

@@ -451,6 +451,20 @@ def test_transposed_matrix_vector_product_streams_its_matrix(cols, streamed):
     assert ("streamed" in note) == streamed, note
 
 
+def test_row_vector_times_matrix_streams_the_matrix():
+    """``c[0, j] = sum_r a[0, r] * b[r, j]`` (a matmul of one row): its unit axis is no
+    stride, the matrix streams a row at a time (4096 x 4096 on one Zen 4 core: 5.4 ->
+    2.5 ms). Against float64."""
+    rng = np.random.default_rng(71)
+    a, b = te.placeholder((1, 37), name="a"), te.placeholder((37, 96), name="b")
+    r = te.reduce_axis((0, 37), name="r")
+    c = te.compute((1, 96), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="c")
+    an, bn = rand((1, 37), "float32", rng), rand((37, 96), "float32", rng)
+    (out,), why = build_run([c], [a, b], [an, bn])
+    check(out, an.astype(np.float64) @ bn.astype(np.float64), "float32")
+    assert "streamed" in dict((st, w) for st, _, w in why.stages)["c"], why.stages
+
+
 def test_outer_reduction_whose_output_transposes_its_input_is_not_streamed():
     """``t[i, j] = sum_k z[k, j, i]``: the output row is no run of an input row; the
     register tile. Against float64."""
