@@ -600,24 +600,25 @@ def _across_if_better(sch, name: str, f, target, epilogue, scored: tuple, flags:
     steps = product(f.extents[x] for x in f.reduce) if whole_v and _taps_along(
         f, v_op, v) == 1 else 0
     pair = _dot_pair_across(f, s_op, v_op, target, full) if dot_ok else None
-    v = _positions_axis(f, s_op, v_op, m, v)
-    across = _across_m(target, f, s_op, m, v, score, ragged_v, v_op.grouped.get(m), steps,
+    p = _positions_axis(f, s_op, v_op, m, v)
+    across = _across_m(target, f, s_op, m, p, score, ragged_v, v_op.grouped.get(m), steps,
                        pair is not None)
     if across is not None:  # the instruction's 16 lanes: a half-width tile keeps the FMAs
-        return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), across, target,
+        return _schedule_across_m(sch, name, f, (s_op, v_op, m, p), across, target,
                                   epilogue, dot=pair if across[2] == full else None)
     if m in v_op.grouped:
         return None
     v_computed = _v_padded(f.extents[v], nv, lanes) if einsum else 0
     padded = _across_m_padded(target, f, s_op, m, v, (mr, nv, lanes), v_computed,
-                              pair is not None)
+                              pair is not None, positions=p)
     grown = None if padded is None else _pad_axis(sch, name, f, m, padded[1])
     if grown is None:
         return None
     f, crop, made = grown
     s_op, v_op, m, v, _ = roles(f)
+    p = _positions_axis(f, s_op, v_op, m, v)
     pair = _dot_pair_across(f, s_op, v_op, target, padded[0][2]) if dot_ok else None
-    return _schedule_across_m(sch, name, f, (s_op, v_op, m, v), padded[0], target, epilogue,
+    return _schedule_across_m(sch, name, f, (s_op, v_op, m, p), padded[0], target, epilogue,
                               (crop, made), pair)
 
 
@@ -829,7 +830,7 @@ def _across_m(target, f, s_op, m: str, v: str, score_along_v: float,
 
 
 def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed: int = 0,
-                     exact_v: bool = False):
+                     exact_v: bool = False, positions: str | None = None):
     """``((mr, nv, lanes), padded m)``: :func:`_across_m`'s tile where ``m`` is no whole
     number of half-width vectors, in full-width ones with ``m`` padded to whole tiles, where
     it puts :data:`PAD_MARGIN` times the useful FLOPs (:func:`_useful_fmas`) of the tile
@@ -838,20 +839,22 @@ def _across_m_padded(target, f, s_op, m: str, v: str, along_v: tuple, v_computed
     7 x 7 one partial vector of 7 lanes a row (2.37x padded to 144); 24 -> 36 channels at
     56 x 56, 7 ymm a row (full rate there), ran 0.72x padded. Only where ``S`` reads ``m``
     as a plain index; None where no tile wins. ``v_computed``: the lanes the tile along
-    ``v`` computes where it is padded (an einsum's, :func:`_pad_tiles`)."""
+    ``v`` computes where it is padded (an einsum's, :func:`_pad_tiles`). ``positions``: the
+    axis the tile's positions run along (:func:`_positions_axis`; default ``v``)."""
     full = max(1, target.vector_bits // 32)
-    m_ext, v_ext = f.extents[m], f.extents[v]
+    p = positions or v
+    m_ext, v_ext, p_ext = f.extents[m], f.extents[v], f.extents[p]
     if full < 8 or m_ext % (full // 2) == 0 or not _packable(s_op) or \
             not _reads_plainly(s_op, m):
         return None
     k_steps = product(f.extents[x] for x in f.reduce)
     v_op = next(op for op in f.operands if op is not s_op)
-    best, padded = _across_tiles(target, m_ext, v_ext, k_steps, full, pad=True,
-                                 taps=_taps_along(f, v_op, v), exact_v=exact_v)
+    best, padded = _across_tiles(target, m_ext, p_ext, k_steps, full, pad=True,
+                                 taps=_taps_along(f, v_op, p), exact_v=exact_v)
     if best is None:
         return None
     mr, nv, lanes = best
-    useful = (fma_share(target, lanes) * m_ext / padded * (0.6 if v_ext % mr else 1.0)
+    useful = (fma_share(target, lanes) * m_ext / padded * (0.6 if p_ext % mr else 1.0)
               * (0.7 if mr * nv < 8 else 1.0))
     if useful <= PAD_MARGIN * _useful_fmas(target, along_v, m_ext, v_ext, v_computed):
         return None

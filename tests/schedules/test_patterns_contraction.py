@@ -571,6 +571,7 @@ def _user_nchw_dw(n, c, k, size, taps, pads, stride):
     ((2, 24, 48, (18, 18), (1, 1), ((0, 0), (0, 0)), 1), "v_i"),   # 1x1: 1 position a tap
     ((2, 17, 32, (37, 37), (3, 3), ((1, 1), (1, 1)), 2), "v_i"),   # stride 2, prime sizes
     ((3, 17, 32, (50,), (3,), ((1, 1),), 1), "v_i"),               # conv1d
+    ((2, 24, 36, (20, 20), (3, 3), ((1, 1), (1, 1)), 1), "v_i"),   # 36 channels, padded
     ((2, 24, 32, (7, 7), (3, 3), ((1, 1), (1, 1)), 1), "taps"),    # rows of 7: taps share
 ], ids=str)
 def test_user_nchw_weight_gradient_tiles_along_its_channels(geo, along, cores):
