@@ -595,6 +595,58 @@ def test_user_nchw_weight_gradient_tiles_along_its_channels(geo, along, cores):
     assert "vectors along v_o" in stage and f"over {along} x v_o" in stage, stage
 
 
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize("k, chunk", [(3000, 1000), (2053, None)], ids=str)
+def test_long_reduction_summed_in_chunks(k, chunk, cores):
+    """A linear layer's weight gradient written by a user (``dw[o, i] = sum_n dy[n, o] *
+    x[n, i]``) over a reduction whose packed panel of ``x`` outgrows half of L2 (3000 steps
+    of 64 lanes: 750 KiB) sums it in chunks of at most :data:`REDUCTION_CHUNK` steps, the
+    tile added to the output once a chunk; a prime reduction (2053: no chunk divides it)
+    keeps one pass. Against float64."""
+    from schedules.patterns.contraction import REDUCTION_CHUNK
+
+    rng = np.random.default_rng(223)
+    dy, x = te.placeholder((k, 48), name="dy"), te.placeholder((k, 64), name="x")
+    r = te.reduce_axis((0, k), name="r")
+    dw = te.compute((48, 64), lambda o, i: te.sum(dy[r, o] * x[r, i], axis=r), name="dw")
+    dyn, xn = rand((k, 48), "float32", rng), rand((k, 64), "float32", rng)
+    tgt = targets.get("x86-avx512").with_cores(cores)
+    if not targets.runnable(tgt):
+        pytest.skip("this machine cannot run AVX-512 code")
+    (out,), why = build_run([dw], [dy, x], [dyn, xn], target=tgt)
+    check(out, dyn.astype(np.float64).T @ xn.astype(np.float64), "float32", f"dy^T x {k}")
+    stage = _stage_why(why, "dw")
+    assert ("summed in chunks" in stage) == (chunk is not None), stage
+    if chunk is not None:
+        assert f"chunks of {chunk} steps" in stage and chunk <= REDUCTION_CHUNK, stage
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_user_nhwc_weight_gradient_over_a_large_image_sums_rows_in_chunks(cores):
+    """A user's NHWC weight gradient (24 -> 32 channels, 3 images of 40 x 40: 4800 steps):
+    the reduction's rows split into chunks (20 rows of 40 columns), each chunk's packed
+    ``dy`` read from L2 by every tile and tap (8x112x112, 32 -> 64 channels: 1.43x on one Zen
+    4 core, 1.37x on two). Against float64."""
+    n, hw, c, k = 3, 40, 24, 32
+    rng = np.random.default_rng(227)
+    x = te.placeholder((n, hw, hw, c), name="x")
+    dy = te.placeholder((n, hw, hw, k), name="dy")
+    xp = te.compute((n, hw + 2, hw + 2, c), lambda b, i, j, ci: te.if_then_else(
+        te.all(i >= 1, i <= hw, j >= 1, j <= hw), x[b, i - 1, j - 1, ci], 0.0), name="pad")
+    b, i, j = (te.reduce_axis((0, e), name=nm) for e, nm in ((n, "b"), (hw, "i"), (hw, "j")))
+    dw = te.compute((3, 3, c, k), lambda ry, rx, ci, o: te.sum(
+        xp[b, i + ry, j + rx, ci] * dy[b, i, j, o], axis=[b, i, j]), name="dw")
+    xn, dyn = rand((n, hw, hw, c), "float32", rng), rand((n, hw, hw, k), "float32", rng)
+    (out,), why = build_run([dw], [x, dy], [xn, dyn],
+                            target=targets.get("host").with_cores(cores))
+    xq = np.pad(xn.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
+    ref = np.stack([np.stack([np.einsum("bijc,bijo->co", xq[:, ry:ry + hw, rx:rx + hw],
+                                        dyn.astype(np.float64)) for rx in range(3)])
+                    for ry in range(3)])
+    check(out, ref, "float32", "nhwc dw")
+    assert "summed in chunks of 800 steps" in _stage_why(why, "dw"), why.stages
+
+
 def test_conv2d_relu_epilogue_5d_bias():
     """conv + a 5-D broadcast epilogue (bias per channel, viewed [n, co, ho, wo, 1])."""
     n, ci, co, h, w, k = 2, 3, 5, 6, 7, 3
