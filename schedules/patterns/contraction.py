@@ -258,19 +258,20 @@ def _m_blocks(m_tiles: int, limit: int) -> int:
     return max(ok) if ok else min(waste, key=lambda b: (waste[b], -b))
 
 
-def _reduction_chunk(f, m: str, v: str, nv_lanes: int, target):
+def _reduction_chunk(f, v_op, m: str, v: str, nv_lanes: int, target):
     """``(reduction axis, its steps a chunk, the chunk's steps)`` where the packed panel of
     ``V`` (the whole reduction by ``nv_lanes``) outgrows half of L2 and
     :func:`_blocked_nest` sums the reduction in chunks of about :data:`REDUCTION_CHUNK`
     steps: the innermost reduction axes whole, the next split by the largest divisor that
-    fits. None where the panel fits, where no chunk of at least 64 steps divides the axes,
+    fits. None where ``V`` is read through a window (no packed panel: a convolution's
+    input rows), where the panel fits, where no chunk of at least 64 steps divides the axes,
     or where the output's other axes, which then alone run across cores (a weight
     gradient's 9 taps), would keep less than :data:`CHUNK_SHARE_MIN` of them busy (16
     cores: the tiles of each tap stay tasks, the reduction one pass)."""
     from schedules.toolbox import task_share
 
     panel = 4 * nv_lanes * product(f.extents[x] for x in f.reduce)
-    if not f.reduce or panel <= (target.l2_kib << 10) // 2:
+    if not f.reduce or not _pure(v_op) or panel <= (target.l2_kib << 10) // 2:
         return None
     rows = product(f.extents[x] for x in f.spatial if x not in (m, v))
     if rows > 1 and target.cores > 1 and task_share(rows, target.cores) < CHUNK_SHARE_MIN:
@@ -567,7 +568,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
     nv_lanes = min(nv * lanes, f.extents[v])
     m1 = _block_tiles(f, m, v, mr, nv_lanes, target)
     # an epilogue needs the whole sum in the tile's registers
-    chunk = _reduction_chunk(f, m, v, nv_lanes, target) if epilogue is None else None
+    chunk = _reduction_chunk(f, v_op, m, v, nv_lanes, target) if epilogue is None else None
     if chunk is not None:
         m1 = _block_tiles(f, m, v, mr, nv_lanes, target, k_elems=chunk[2])
     if parts_ok and epilogue is None and split is None:
@@ -608,7 +609,7 @@ def schedule_contraction(sch, name: str, facts: dict, target, epilogue: str | No
         _pack(sch, blk, s_op, f, m, mr, copy=False)
     # the user's padding stages (not the copies padding the domain to whole tiles)
     own = [op.buffer for op in (s_op, v_op) if op.buffer in facts and op.buffer not in copies]
-    chunk = chunk if crop is None and dot is None else None
+    chunk = chunk if crop is None and dot is None and pack is not None else None
     inside = _micro_kernel(sch, blk, f, (m, mr, m1), (v, nv, lanes), target, epilogue, own,
                            crop, dot, chunk)
     packed = [sch.get(pack).name_hint] if pack is not None else []
@@ -725,7 +726,7 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=(),
         io, ii = sch.split(outer[-1], [None, rows])
         outer, in_task = [*outer[:-1], io], [ii]
     if chunk is not None:  # the tile added to the output once a chunk of the reduction
-        _blocked_nest(sch, blk, (outer, m0, v0, m1l, red, tile), chunk, target)
+        _blocked_nest(sch, blk, ([*outer, *in_task], m0, v0, m1l, red, tile), chunk, target)
         return []
     sch.reorder(*outer, *in_task, m0, *([v0] if v0 is not None else []), m1l, *red, *tile,
                 *depth_loop)
