@@ -734,9 +734,7 @@ def _micro_kernel(sch, blk, f, m_tile, v_tile, target, epilogue, operands=(),
     n_par = product(extent(sch, lp) for lp in par)
     if v0 is not None and _v_blocks_are_tasks(n_par, target.cores):
         par.append(v0)
-    fused = sch.fuse(*par) if len(par) > 1 else par[0]
-    if target.cores > 1 and extent(sch, fused) >= 2:
-        sch.parallel(fused)
+    fused = _across_cores(sch, par, target)
     wb = _accumulators(sch, blk, crop)
     if epilogue is not None:
         sch.reverse_compute_inline(sch.get_sblock(epilogue))
@@ -777,16 +775,23 @@ def _blocked_nest(sch, blk, loops, chunk, target) -> None:
         chunks, inner = red[:ax + 1], red[ax + 1:]
     blocks = [m0, *([v0] if v0 is not None else [])]
     sch.reorder(*outer, *chunks, *blocks, m1l, *inner, *tile)
-    par = outer if product(extent(sch, lp) for lp in outer) > 1 else blocks
-    par = sch.fuse(*par) if len(par) > 1 else par[0]
-    if target.cores > 1 and extent(sch, par) >= 2:
-        sch.parallel(par)
+    _across_cores(sch, outer if product(extent(sch, lp) for lp in outer) > 1 else blocks,
+                  target)
     sch.unroll(mi)
     for lp in rest[:-1]:
         sch.unroll(lp)
     sch.vectorize(rest[-1] if rest else mi)
     init = sch.decompose_reduction(blk, chunks[0])
     sch.vectorize(sch.get_loops(init)[-1])
+
+
+def _across_cores(sch, loops: list, target):
+    """``loops`` fused into one, run across cores where it has two steps or more. Returns
+    the fused loop."""
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if target.cores > 1 and extent(sch, fused) >= 2:
+        sch.parallel(fused)
+    return fused
 
 
 def _accumulators(sch, blk, crop: str | None):

@@ -372,10 +372,7 @@ def _stream_nest(sch, blk, f, pieces: int, target, parts: bool = False) -> None:
     ro, ri = sch.split(steps, [None, k])
     jp, jo, ji = sch.split(row, [pieces, None, lanes])
     sch.reorder(*lead, jp, ro, jo, ri, ji)
-    task = sch.fuse(*lead, jp) if lead else jp
-    work = product(f.extents.values())
-    if target.cores > 1 and extent(sch, task) >= 2 and work >= PARALLEL_MIN_ELEMS:
-        sch.parallel(task)
+    _rows_across_cores(sch, [*lead, jp], f, target)
     sch.unroll(ri)
     sch.vectorize(ji)
     init = sch.decompose_reduction(blk, ro)
