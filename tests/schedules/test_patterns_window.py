@@ -179,6 +179,76 @@ def test_nhwc_depthwise_conv2d(geo, dtype):
     assert why.rule_of("dw") == want, str(why)
 
 
+def _nhwc_window(n, h, w, c, k, pads, stride, dtype, op="sum"):
+    """A user's NHWC depthwise window (``op="sum"``: times a per-channel weight) or max
+    window over an input padded ``pads = (top, bottom, left, right)`` (with the lowest
+    value for a max)."""
+    t, b, lf, r = pads
+    x = te.placeholder((n, h, w, c), name="x", dtype=dtype)
+    wt = te.placeholder((k, k, c), name="w", dtype=dtype)
+    fill = te.const(0, dtype) if op == "sum" else te.min_value(dtype)
+    xp = te.compute((n, h + t + b, w + lf + r, c), lambda a, i, j, o: te.if_then_else(
+        te.all(i >= t, i < h + t, j >= lf, j < w + lf), x[a, i - t, j - lf, o], fill),
+        name="xpad")
+    ry, rx = te.reduce_axis((0, k), name="ry"), te.reduce_axis((0, k), name="rx")
+    ho, wo = (h + t + b - k) // stride + 1, (w + lf + r - k) // stride + 1
+    if op == "sum":
+        y = te.compute((n, ho, wo, c), lambda a, i, j, o: te.sum(
+            xp[a, i * stride + ry, j * stride + rx, o] * wt[ry, rx, o], axis=[ry, rx]),
+            name="dw")
+    else:
+        y = te.compute((n, ho, wo, c), lambda a, i, j, o: te.max(
+            xp[a, i * stride + ry, j * stride + rx, o], axis=[ry, rx]), name="dw")
+    return x, wt, y
+
+
+def _ref_nhwc_window(xn, wn, pads, stride, op="sum"):
+    t, b, lf, r = pads
+    fill = 0.0 if op == "sum" else -np.inf
+    x = np.pad(xn.astype(np.float64), ((0, 0), (t, b), (lf, r), (0, 0)), constant_values=fill)
+    k = wn.shape[0]
+    ho, wo = (x.shape[1] - k) // stride + 1, (x.shape[2] - k) // stride + 1
+    taps = [x[:, i:i + stride * (ho - 1) + 1:stride, j:j + stride * (wo - 1) + 1:stride]
+            for i in range(k) for j in range(k)]
+    if op == "max":
+        return np.max(taps, axis=0)
+    return sum(tap * wn[i // k, i % k].astype(np.float64) for i, tap in enumerate(taps))
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("geo", [
+    # n, h, w, c, window, padding (top, bottom, left, right), stride, op, tile: (rows x
+    # vectors) for float32 and float16 (twice the lanes)
+    (2, 13, 16, 32, 3, (1, 1, 1, 1), 1, "sum", ((4, 2), (4, 1))),   # 4 columns
+    (1, 12, 11, 64, 3, (0, 2, 1, 0), 2, "sum", ((1, 4), (1, 2))),   # stride 2: whole pixels
+    (3, 7, 12, 48, 5, (2, 2, 2, 2), 1, "sum", ((4, 1), (4, 1))),    # 5x5, 3 vectors a pixel
+    (2, 10, 8, 128, 3, (1, 1, 1, 1), 1, "max", ((4, 2), (4, 2))),   # max window, -inf padded
+    (1, 9, 14, 256, 3, (1, 1, 1, 1), 1, "sum", ((7, 2), (7, 2))),   # rows of 14: 7 columns
+    (1, 9, 14, 256, 3, (1, 1, 1, 1), 2, "sum", ((7, 2), (1, 8))),   # wide pixels at stride 2
+], ids=str)
+def test_nhwc_window_loads_its_input_directly(geo, dtype, cores):
+    """A channels-last window's padding is inlined (its guard tests the tap's pixel, the same
+    for every lane), so the taps load the input directly; its tile is 4 output columns by
+    the vectors 8 accumulators hold at stride 1 where 4 divides the row, whole pixels at a
+    stride where they fit 8 registers, else the 7 or 8 columns by 2 vectors of before.
+    Against float64 with asymmetric padding, stride 2, 5x5, a max window, batch > 1, 1
+    and 2 cores."""
+    n, h, w, c, k, pads, stride, op, tiles = geo
+    target = targets.get("x86-avx512").with_cores(cores)
+    rng = np.random.default_rng(97)
+    x, wt, y = _nhwc_window(n, h, w, c, k, pads, stride, dtype, op)
+    xn, wn = rand((n, h, w, c), dtype, rng), rand((k, k, c), dtype, rng)
+    ins, arrays = ([x, wt], [xn, wn]) if op == "sum" else ([x], [xn])
+    (out,), why = build_run([y], ins, arrays, target=target)
+    check(out, _ref_nhwc_window(xn, wn, pads, stride, op), dtype, f"nhwc window {geo}")
+    note = dict((s_, t_) for s_, _, t_ in why.stages)["dw"]
+    assert why.rule_of("dw") == "patterns.window", str(why)
+    assert "xpad inlined" in note, note
+    tile = re.search(r"a tile of (\d+) rows x (\d+) vectors", note).groups()
+    assert tuple(map(int, tile)) == tiles[dtype == "float16"], note
+
+
 @pytest.mark.parametrize("name", ["x86-64", "x86-avx2", "x86-avx512"])
 @pytest.mark.parametrize("w, stride", [(14, 1), (57, 1), (113, 2)], ids=str)
 def test_odd_rows_on_every_vector_width(name, w, stride):
