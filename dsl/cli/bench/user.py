@@ -237,6 +237,38 @@ def _depthwise_fwd(d) -> Case:
     return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
 
 
+def _depthwise_nhwc(d) -> Case:
+    """A depthwise NHWC conv2d as a user writes it (MobileNet in channels-last): ``y[b, h, v,
+    c] = sum_{ry, rx} xp[b, s h + ry, s v + rx, c] * w[ry, rx, c]``; PyTorch's peer runs
+    the same memory (a channels-last view)."""
+    from tvm import te
+
+    n, c, hw, ks, p, st = d["n"], d["c"], d["hw"], d["ks"], d["pad"], d["stride"]
+    out = (hw + 2 * p - ks) // st + 1
+    x = te.placeholder((n, hw, hw, c), name="x")
+    w = te.placeholder((ks, ks, c), name="w")
+    xp = te.compute((n, hw + 2 * p, hw + 2 * p, c), lambda b, i, j, ci: te.if_then_else(
+        te.all(i >= p, i < hw + p, j >= p, j < hw + p), x[b, i - p, j - p, ci], 0.0),
+        name="pad")
+    ry, rx = te.reduce_axis((0, ks), name="ry"), te.reduce_axis((0, ks), name="rx")
+    y = te.compute((n, out, out, c), lambda b, h, v, ci: te.sum(
+        xp[b, st * h + ry, st * v + rx, ci] * w[ry, rx, ci], axis=[ry, rx]), name="depthwise")
+    xv, wv = _data((n, hw, hw, c), 14), _data((ks, ks, c), 15)
+
+    def numpy_fn():
+        win = np.lib.stride_tricks.sliding_window_view(
+            np.pad(xv, ((0, 0), (p, p), (p, p), (0, 0))), (ks, ks), axis=(1, 2))
+        return np.einsum("nhwcij,ijc->nhwc", win[:, ::st, ::st], wv)
+
+    def torch_fn(torch):
+        tx = torch.from_numpy(xv).permute(0, 3, 1, 2)
+        tw = torch.from_numpy(wv).permute(2, 0, 1)[:, None]
+        return lambda: torch.nn.functional.conv2d(tx, tw, stride=st, padding=p,
+                                                  groups=c).permute(0, 2, 3, 1)
+
+    return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
+
+
 def _strided_dx(d) -> Case:
     """The input gradient of a strided NCHW conv2d as a user (or topi's conv2d_transpose)
     writes it: dy zero-inserted and padded in one stage, convolved with the flipped weights
@@ -708,6 +740,18 @@ def _window_bytes(d) -> float:
     return 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2
 
 
+def _nhwc_window_out(d) -> int:
+    return (d["hw"] + 2 * d["pad"] - d["ks"]) // d["stride"] + 1
+
+
+def _nhwc_window_flops(d) -> float:
+    return 2.0 * d["n"] * d["c"] * _nhwc_window_out(d) ** 2 * d["ks"] ** 2
+
+
+def _nhwc_window_bytes(d) -> float:
+    return F32 * d["n"] * d["c"] * (d["hw"] ** 2 + _nhwc_window_out(d) ** 2)
+
+
 def _conv_spec(name: str, full: dict, tiny: dict) -> Spec:
     """A user's NCHW conv2d forward row (:func:`_conv2d_fwd`)."""
     return Spec(name, "conv2d", {"full": full, "tiny": tiny}, _conv2d_fwd, _conv_flops)
@@ -781,6 +825,16 @@ def specs() -> list[Spec]:
              {"full": {"n": 8, "c": 1024, "hw": 7, "ks": 3, "pad": 1},
               "tiny": {"n": 2, "c": 6, "hw": 7, "ks": 3, "pad": 1}}, _depthwise_fwd,
              _window_flops, _window_bytes),
+        # MobileNet in channels-last: the padding inlined, 4 output columns by 2 vectors a
+        # tile at stride 1, whole pixels at stride 2
+        Spec("depthwise_nhwc_3x3_56x56x128_b8", "window",
+             {"full": {"n": 8, "c": 128, "hw": 56, "ks": 3, "pad": 1, "stride": 1},
+              "tiny": {"n": 2, "c": 48, "hw": 9, "ks": 3, "pad": 1, "stride": 1}},
+             _depthwise_nhwc, _nhwc_window_flops, _nhwc_window_bytes),
+        Spec("depthwise_nhwc_3x3_s2_112x112x64_b8", "window",
+             {"full": {"n": 8, "c": 64, "hw": 112, "ks": 3, "pad": 1, "stride": 2},
+              "tiny": {"n": 2, "c": 32, "hw": 11, "ks": 3, "pad": 1, "stride": 2}},
+             _depthwise_nhwc, _nhwc_window_flops, _nhwc_window_bytes),
         Spec("softmax_4096x1024", "softmax", {"full": {"rows": 4096, "cols": 1024},
                                               "tiny": {"rows": 5, "cols": 37}}, _softmax,
              lambda d: 5.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1)),
