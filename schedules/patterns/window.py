@@ -8,14 +8,16 @@ channels (a depthwise channel reads only itself). It is vectorised along ``j`` i
 around the vectors, unrolled when few, so the rows of one tile load each input row once per
 tap column (LLVM merges the loads that ``i + ry`` makes equal), and the tile is written
 once. A padding stage the window reads is computed inside each parallel task, for its rows
-only, so it is read from cache, not from a pass over memory of its own. NHWC windows (``x[..,
-i + ry, j + rx, c]``) take the same nest with the channels as the vector axis and the output
-columns as the tile's rows. At stride 2 along the row, the padding stage is laid out and
-iterated as ``[W % 2, W // 2]`` so the window still reads whole vectors. A row that no whole,
-half or quarter register divides (14, 7, 57) is one odd vector (LLVM splits it into legal
-ones), the tile counting the registers it holds; no guarded tail, which TVM's vectoriser
-would scalarise. Where one tile covers a whole plane (a 7x7 depthwise channel), it holds
-several planes while registers are left, so their independent FMA chains overlap.
+only, so it is read from cache, not from a pass over memory of its own. NHWC windows
+(``x[.., i + ry, j + rx, c]``) take the same nest with the channels as the vector axis and
+the output columns as the tile's rows; their padding is inlined instead (its guard tests a
+pixel, the same for every lane) and their tile is narrower (:func:`_channels_last_tile`).
+At stride 2 along the row, the padding stage is laid out and iterated as ``[W % 2, W //
+2]`` so the window still reads whole vectors. A row that no whole, half or quarter register
+divides (14, 7, 57) is one odd vector (LLVM splits it into legal ones), the tile counting
+the registers it holds; no guarded tail, which TVM's vectoriser would scalarise. Where one
+tile covers a whole plane (a 7x7 depthwise channel), it holds several planes while
+registers are left, so their independent FMA chains overlap.
 """
 
 from __future__ import annotations
