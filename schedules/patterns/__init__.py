@@ -19,6 +19,7 @@ import warnings
 from dataclasses import dataclass
 
 from schedules.patterns import (  # noqa: F401
+    column_group,
     contraction,
     fastmath,
     injective,
@@ -105,6 +106,26 @@ def _match_row_group(facts, name, outputs):
     return [*reds, name], (f"reductions {reds} over the innermost axis feed {name} per row: "
                            "rows across cores, each reduction computed at its row "
                            "(rfactor-vectorised), the consumer fused in")
+
+
+def _match_column_group(facts, name, outputs):
+    f = facts[name]
+    if not f.injective or any(facts[u].reduce for u in consumers_of(facts, name)):
+        return None
+    group = _row_reductions(facts, name, outputs)
+    reds = [r for r in group if facts[r].kind == "reduction"]
+    if not reds or any(getattr(facts[r], "extra_where", "") != "outer" for r in reds):
+        return None
+    axes = column_group.column_axes(facts, name, group)
+    if axes is None:
+        return None
+    return [*group, name], (f"reductions {reds} over {', '.join(axes[0])} feed {name}, "
+                            f"broadcast along it: per task a block of "
+                            f"{', '.join(axes[0])} x {axes[1][-1]}, the consumer fused in")
+
+
+def _apply_column_group(sch, names, facts, target):
+    return column_group.schedule_column_group(sch, names[-1], names[:-1], facts, target)
 
 
 def _apply_row_group(sch, names, facts, target):
@@ -206,6 +227,7 @@ RULES = (
                 _apply_contraction),
     PatternRule("patterns.contraction", _match_contraction, _apply_contraction),
     PatternRule("patterns.row_reduction", _match_row_group, _apply_row_group),
+    PatternRule("patterns.column_group", _match_column_group, _apply_column_group),
     PatternRule("patterns.tap_sums", _match_tap_sums,
                 lambda sch, n, facts, t: reduction.schedule_tap_sums(sch, n[0], facts, t)),
     PatternRule("patterns.window+epilogue", _match_window_epilogue, _apply_window),
