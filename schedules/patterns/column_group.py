@@ -47,9 +47,9 @@ def column_axes(facts: dict, out_name: str, red_names: list) -> tuple[list, list
         for acc in g.reads:
             if acc.buffer not in reduced:
                 continue
-            if not acc.pure() or g.spatial != f.spatial:
+            read = _bare_iterators(acc)
+            if read is None or g.spatial != f.spatial:
                 return None
-            read = {str(ix) for ix in acc.indices}
             mids.add(tuple(v for v in f.spatial if v not in read))
     if len(mids) != 1:
         return None
@@ -58,12 +58,25 @@ def column_axes(facts: dict, out_name: str, red_names: list) -> tuple[list, list
     if not mid or pos != list(range(pos[0], pos[0] + len(mid))) or pos[-1] >= len(
             f.spatial) - 1:
         return None
+    kept = product(f.extents[v] for v in f.spatial if v not in mid)
     for r in red_names:
         g = facts[r]
         if g.reduce and ([f.extents[v] for v in mid] != [g.extents[v] for v in g.reduce]
-                         or len(g.spatial) != len(f.spatial) - len(mid)):
+                         or product(g.extents[v] for v in g.spatial) != kept):
             return None
     return mid, f.spatial[pos[-1] + 1:]
+
+
+def _bare_iterators(acc) -> set[str] | None:
+    """The iterators of a load whose every index is a bare iterator or 0 on an axis of one
+    (a reduction kept with ``keepdims``, as TBE's vector DSL writes it), else None."""
+    read = set()
+    for ix, vs, dim in zip(acc.indices, acc.index_vars, acc.shape):
+        if len(vs) == 1 and str(ix) in vs:
+            read.add(str(ix))
+        elif vs or int(dim) != 1 or getattr(ix, "value", None) != 0:
+            return None
+    return read
 
 
 def schedule_column_group(sch, out_name: str, stages: list, facts: dict, target) -> str:
@@ -97,21 +110,24 @@ def schedule_column_group(sch, out_name: str, stages: list, facts: dict, target)
 
 
 def _split_row(sch, loop, f, mid, inner: int, target):
-    """``(outer, inner)`` of the trailing run: the inner piece at most :data:`BLOCK_BYTES`
-    a step of ``mid`` and the block of all of ``mid`` at most a quarter of L2 (the group's
-    materialised stage takes as much again), whole rows of the innermost axis (``inner``
-    elements) or a divisor of one: the reductions computed at the piece are then a
-    rectangle of the output, not the rows around it."""
+    """``(outer, inner)`` of the trailing run: whole rows of the innermost axis (``inner``
+    elements) or a divisor of one, so the reductions computed at a piece are a rectangle of
+    the output, not the rows around it; the longest piece of at most :data:`BLOCK_BYTES`, or
+    else the shortest of at least :data:`MIN_PIECE_BYTES`, whose block of all of ``mid``
+    takes at most a quarter of L2 (the group's materialised stage takes as much again)."""
     n = extent(sch, loop)
-    bits = _bits(f.out_dtype)
+    size = _bits(f.out_dtype) // 8
     steps = product(f.extents[v] for v in mid)
-    limit = min(BLOCK_BYTES, target.l2_kib * 1024 // 4 // steps)
-    per = max(1, limit * 8 // bits)
-    piece = max(d for d in range(1, min(n, per) + 1)
-                if n % d == 0 and (d % inner == 0 or inner % d == 0))
-    if piece * bits // 8 < MIN_PIECE_BYTES and piece < n:
-        raise ValueError(f"{steps} steps of the reduced axes leave pieces of {piece} "
-                         "elements a task: the stages are faster one pass each")
+    fits = [d for d in range(1, n + 1) if n % d == 0 and (d % inner == 0 or inner % d == 0)
+            and steps * d * size <= target.l2_kib * 1024 // 4]
+    short = [d for d in fits if d * size <= BLOCK_BYTES]
+    piece = max(short, default=0)
+    if piece * size < MIN_PIECE_BYTES and piece < n:
+        piece = min((d for d in fits if d * size >= MIN_PIECE_BYTES), default=0)
+    if not piece:
+        raise ValueError(f"{steps} steps of the reduced axes leave no piece of the rows of "
+                         f"{MIN_PIECE_BYTES} bytes a task in L2: the stages are faster one "
+                         "pass each")
     return sch.split(loop, [None, piece])
 
 

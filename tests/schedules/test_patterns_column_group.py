@@ -127,3 +127,24 @@ def test_many_reduced_steps_keep_one_pass_a_stage():
     check(out, _ref_softmax(xn, 1), "float32", "softmax over 1000 classes")
     assert why.rule_of("m") == "patterns.outer_reduction", str(why)
     assert why.fell_to_generic() == []
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_softmax_over_channels_in_the_vector_dsl(cores):
+    """TBE's vector DSL keeps the reduced axis (``reduce_max(x, 1, keepdims=True)``, then
+    ``broadcast``): the consumers read ``m[n, 0, h, w]``, an axis of one, and the group is
+    a column group all the same (21 classes over 17 x 24, batch 2)."""
+    from dsl.compat import tvm as dtvm
+    from dsl.ops import vector as vec
+
+    shape = (2, 21, 17, 24)
+    x = dtvm.placeholder(shape, name="x", dtype="float32")
+    m = vec.broadcast(vec.reduce_max(x, 1, keepdims=True), shape)
+    e = vec.vexp(vec.vsub(x, m))
+    y = vec.vdiv(e, vec.broadcast(vec.reduce_sum(e, 1, keepdims=True), shape))
+    xn = rand(shape, "float32", np.random.default_rng(16), -3, 3)
+    (out,), why = build_run([y], [x], [xn], target=_target(cores))
+    check(out, _ref_softmax(xn, 1), "float32", "vector-DSL softmax over channels")
+    rules = {s: r for s, r, _ in why.stages}
+    assert {rules[s] for s in ("reduce_max", "reduce_sum", "vexp", "vdiv")} == {
+        "patterns.column_group"}, str(why)
