@@ -370,6 +370,30 @@ def _softmax(d) -> Case:
     return Case([x], [y], [xv], torch_fn, numpy_fn)
 
 
+def _softmax_channels(d) -> Case:
+    """A softmax over the channels of NCHW (a segmentation head's classes) in TBE's vector
+    DSL: the reductions kept with ``keepdims`` and broadcast back."""
+    from dsl.compat import tvm
+    from dsl.ops import vector as vec
+
+    shape = (d["n"], d["c"], d["hw"], d["hw"])
+    x = tvm.placeholder(shape, name="x", dtype="float32")
+    m = vec.broadcast(vec.reduce_max(x, 1, keepdims=True), shape)
+    e = vec.vexp(vec.vsub(x, m))
+    y = vec.vdiv(e, vec.broadcast(vec.reduce_sum(e, 1, keepdims=True), shape))
+    xv = _data(shape, 12, 3.0)
+
+    def numpy_fn():
+        ev = np.exp(xv - xv.max(1, keepdims=True))
+        return ev / ev.sum(1, keepdims=True)
+
+    def torch_fn(torch):
+        tx = torch.from_numpy(xv)
+        return lambda: torch.softmax(tx, 1)
+
+    return Case([x], [y], [xv], torch_fn, numpy_fn)
+
+
 def _layer_norm(d) -> Case:
     from tvm import te
 
@@ -841,6 +865,12 @@ def specs() -> list[Spec]:
         Spec("softmax_8192x4096", "softmax", {"full": {"rows": 8192, "cols": 4096},
                                               "tiny": {"rows": 3, "cols": 67}}, _softmax,
              lambda d: 5.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1)),
+        # the classes of a segmentation head: per task a block of the 21 channels by a
+        # piece of the rows (patterns.column_group)
+        Spec("softmax_channels_8x21x128x128", "softmax",
+             {"full": {"n": 8, "c": 21, "hw": 128}, "tiny": {"n": 2, "c": 5, "hw": 9}},
+             _softmax_channels, lambda d: 5.0 * d["n"] * d["c"] * d["hw"] ** 2,
+             lambda d: 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
         Spec("layer_norm_8192x1024", "norm", norm, _layer_norm,
              lambda d: 8.0 * d["rows"] * d["cols"], lambda d: _rows(d, 1, 1, 2)),
         Spec("rms_norm_8192x1024", "norm", norm, _rms_norm,
