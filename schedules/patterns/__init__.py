@@ -25,6 +25,7 @@ from schedules.patterns import (  # noqa: F401
     injective,
     phases,
     reduction,
+    transpose,
     window,
 )
 from schedules.patterns.analysis import all_facts, consumers_of, output_blocks
@@ -222,6 +223,14 @@ def _match_injective(facts, name, outputs):
     return [name], f"{f.kind}: {f.why}{kept}; vectorised along the contiguous axis"
 
 
+def _match_transpose(facts, name, outputs):
+    i = transpose.transposed_axis(facts[name])
+    if i is None:
+        return None
+    return [name], (f"{facts[name].why}: stored along {facts[name].spatial[-1]}, read along "
+                    f"{i}")
+
+
 RULES = (
     PatternRule("patterns.contraction+epilogue", _match_contraction_epilogue,
                 _apply_contraction),
@@ -240,6 +249,8 @@ RULES = (
                                                                             t)),
     PatternRule("patterns.interleave", _match_interleave,
                 lambda sch, n, facts, t: phases.schedule_interleave(sch, n[0], facts, t)),
+    PatternRule("patterns.transpose", _match_transpose,
+                lambda sch, n, facts, t: transpose.schedule_transpose(sch, n[0], facts, t)),
     PatternRule("patterns.injective", _match_injective,
                 lambda sch, n, facts, t: injective.schedule_injective(sch, n[0], t)),
 )
