@@ -462,6 +462,26 @@ def _pixel_shuffle(d) -> Case:
     return Case([x], [y], [xv], torch_fn, numpy_fn)
 
 
+def _nhwc_to_nchw(d) -> Case:
+    """NHWC -> NCHW as a user writes it, ``y[n, c, h, w] = x[n, h, w, c]``: a transpose of
+    each image's pixels by channels (patterns.transpose)."""
+    from tvm import te
+
+    n, c, hw = d["n"], d["c"], d["hw"]
+    x = te.placeholder((n, hw, hw, c), name="x")
+    y = te.compute((n, c, hw, hw), lambda b, ci, i, j: x[b, i, j, ci], name="to_nchw")
+    xv = _data((n, hw, hw, c), 21)
+
+    def numpy_fn():
+        return np.ascontiguousarray(xv.transpose(0, 3, 1, 2))
+
+    def torch_fn(torch):
+        tx = torch.from_numpy(xv)
+        return lambda: tx.permute(0, 3, 1, 2).contiguous()
+
+    return Case([x], [y], [xv], torch_fn, numpy_fn)
+
+
 def _channel_sums(d) -> Case:
     """A batch-norm gradient's per-channel sum over NCHW, ``sum_{n, h, w} dy * x``."""
     from tvm import te
@@ -897,6 +917,10 @@ def specs() -> list[Spec]:
              {"full": {"n": 1, "c": 64, "hw": 112, "r": 2},
               "tiny": {"n": 2, "c": 3, "hw": 5, "r": 2}}, _pixel_shuffle,
              lambda d: 0.0, lambda d: 2.0 * F32 * d["n"] * d["c"] * (d["hw"] * d["r"]) ** 2),
+        Spec("nhwc_to_nchw_8x112x112x32", "layout",
+             {"full": {"n": 8, "c": 32, "hw": 112}, "tiny": {"n": 2, "c": 12, "hw": 5}},
+             _nhwc_to_nchw, lambda d: 0.0,
+             lambda d: 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2),
         Spec("exp_mul_add_2p24", "eltwise", {"full": {"n": 1 << 24}, "tiny": {"n": 1031}},
              _elementwise_chain, lambda d: 3.0 * d["n"], lambda d: 3.0 * F32 * d["n"]),
         Spec("dx_residual_relugrad_resnet50_3x3", "dx_ep", layers, _dx_residual_relugrad,
