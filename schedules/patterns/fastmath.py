@@ -1,4 +1,4 @@
-"""A vectorisable ``exp`` and ``tanh`` for float32 on LLVM targets.
+"""A vectorisable ``exp``, ``tanh`` and ``log`` for float32 on LLVM targets.
 
 LLVM lowers a vector ``llvm.exp`` to one scalar ``expf`` call per lane (no vector math
 library is linked), which made a softmax spend most of its time in libm. This registers a
@@ -18,6 +18,12 @@ Rapids core), and which loses relative precision near 0. This one is Cephes' ``t
 to 10 (``tanh(10)`` rounds to 1), the sign copied back: one ``exp`` and one division, no
 subnormal anywhere, within a few ulp.
 
+``log`` likewise (one ``logf`` call a lane before): ``x = 2^e m`` read from the bits (a
+subnormal scaled by ``2^23`` first), ``m`` brought into ``[sqrt(1/2), sqrt(2))``, and Cephes'
+degree-8 polynomial for ``ln(1 + f)`` on ``f = m - 1`` plus ``e ln2`` in two parts: within 2
+ulp over the whole float32 range; ``ln 0 = -inf``, a negative input gives NaN, ``+inf`` and
+NaN come back as themselves.
+
 The registration is process-wide (TVM looks intrinsic lowerings up per target kind); it is
 made when the pattern rules are loaded, before any kernel of this package is scheduled.
 """
@@ -29,6 +35,10 @@ LN2_HI, LN2_LO = 0.693359375, -2.12194440e-4
 POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
         1.6666665459e-1, 5.0000001201e-1)
 EXP_MAX, EXP_MIN = 88.72283935546875, -104.0
+LOG_SQRTHF = 0.707106781186547524
+LOG_POLY = (7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1,
+            1.4249322787e-1, -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1,
+            3.3333331174e-1)
 TANH_SMALL, TANH_CLAMP = 0.625, 10.0
 TANH_POLY = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1,
              -3.33332819422e-1)
@@ -99,6 +109,34 @@ def tanh_f32(x, lanes: int = 1):
     return _nan_through(x, tirx.Select(ax < c(TANH_SMALL), small, big), c, i32)
 
 
+def log_f32(x, lanes: int = 1):
+    """``ln x`` for a float32 expression (``lanes`` wide), as vectorisable TIR arithmetic
+    (see the module docstring)."""
+    from tvm import tirx
+
+    c, f32, i32 = _consts(lanes)
+    raw = tirx.reinterpret(i32, x)
+    tiny = raw < c(0x00800000, "int32")  # subnormal (or zero, or negative: fixed below)
+    xs = tirx.Select(tiny, x * c(float(1 << 23)), x)
+    bits = tirx.reinterpret(i32, xs)
+    e = tirx.shift_right(bits, c(23, "int32")) - c(126, "int32") - tirx.Select(
+        tiny, c(23, "int32"), c(0, "int32"))
+    # the mantissa in [0.5, 1), then in [sqrt(0.5), sqrt(2)) - 1 with e adjusted
+    m = tirx.reinterpret(f32, tirx.bitwise_or(tirx.bitwise_and(bits, c(0x007FFFFF, "int32")),
+                                              c(0x3F000000, "int32")))
+    low = m < c(LOG_SQRTHF)
+    m = tirx.Select(low, m + m, m) - c(1.0)
+    ef = tirx.Cast(f32, e - tirx.Select(low, c(1, "int32"), c(0, "int32")))
+    z = m * m
+    y = m * z * _horner(LOG_POLY, m, c) + ef * c(LN2_LO) - c(0.5) * z
+    out = m + y + ef * c(LN2_HI)
+    mag = tirx.bitwise_and(raw, c(0x7FFFFFFF, "int32"))
+    out = tirx.Select(raw < c(0, "int32"), c(float("nan")), out)  # x < 0 (and -0, next)
+    out = tirx.Select(mag == c(0, "int32"), c(float("-inf")), out)
+    out = tirx.Select(raw == c(0x7F800000, "int32"), x, out)  # +inf
+    return tirx.Select(mag > c(0x7F800000, "int32"), x, out)  # NaN of either sign
+
+
 def _lowering(f32_fn):
     """The intrinsic lowering of ``f32_fn`` (float32; float16 through float32, rounded once;
     other types left to TVM's own rule)."""
@@ -124,6 +162,7 @@ def register() -> None:
 
     register_intrin_lowering("tirx.exp", target="llvm", f=_lowering(exp_f32), level=20)
     register_intrin_lowering("tirx.tanh", target="llvm", f=_lowering(tanh_f32), level=20)
+    register_intrin_lowering("tirx.log", target="llvm", f=_lowering(log_f32), level=20)
 
 
 register()

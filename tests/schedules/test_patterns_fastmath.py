@@ -99,3 +99,55 @@ def test_tanh_float16_through_float32():
     (out,), _ = build_run([y], [x], [xs])
     np.testing.assert_allclose(out.astype(np.float64), np.tanh(xs.astype(np.float64)),
                                rtol=1e-3, atol=1e-3)
+
+
+LOG_SPECIAL = np.array([1e-40, 1e-45, 1.1754942e-38, 0.0, -0.0, -1.0, -1e-40, np.inf, -np.inf,
+                        np.nan, 1.0, 0.5, 2.0, 0.70710677, 0.7071068, 1.4142135],
+                       np.float32)
+
+
+def _log_kernel(n, dtype):
+    x = te.placeholder((n,), name="x", dtype=dtype)
+    return x, te.compute((n,), lambda i: te.log(x[i]), name="y")
+
+
+def test_log_f32_accuracy_and_special_values():
+    """Within 2 ulp of float64 log from the smallest subnormal to FLT_MAX (the mantissa's
+    two halves around sqrt(1/2) included); ln 0 = -inf (-0 too), negatives NaN, +inf and
+    NaN themselves, ln 1 = 0 exactly."""
+    xs = np.concatenate([np.exp(np.linspace(-103, 88.7, 200003)).astype(np.float32),
+                         LOG_SPECIAL])
+    x, y = _log_kernel(xs.size, "float32")
+    (out,), why = build_run([y], [x], [xs])
+    assert why.rule_of("y") == "patterns.injective"
+    ref = np.log(xs.astype(np.float64))
+    fin = (xs > 0) & np.isfinite(xs)
+    ulp = np.spacing(np.abs(ref[fin]).astype(np.float32)).astype(np.float64)
+    assert (np.abs(out[fin] - ref[fin]) / ulp).max() <= 2.0
+    got = out[-LOG_SPECIAL.size:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        expect = np.log(LOG_SPECIAL)
+    assert np.array_equal(np.isnan(got), np.isnan(expect)), (got, expect)
+    same = ~np.isnan(expect) & ~np.isfinite(expect)
+    assert np.array_equal(got[same], expect[same])
+    assert got[list(LOG_SPECIAL).index(1.0)] == 0.0
+
+
+def test_log_leaves_no_libm_call():
+    import tvm
+
+    import dsl
+
+    x, y = _log_kernel(64, "float32")
+    sch = dsl.auto_schedule([y])
+    lib = tvm.compile(sch.s_tir([x, y]).mod, target=sch.target.tvm_target())
+    body = lib.mod.inspect_source("asm")
+    assert "logf" not in body[body.index("_compute_"):]
+
+
+def test_log_float16_through_float32():
+    xs = np.exp(np.linspace(-9, 11, 2001)).astype(np.float16)
+    x, y = _log_kernel(xs.size, "float16")
+    (out,), _ = build_run([y], [x], [xs])
+    np.testing.assert_allclose(out.astype(np.float64), np.log(xs.astype(np.float64)),
+                               rtol=1e-3, atol=1e-3)
