@@ -148,3 +148,32 @@ def test_softmax_over_channels_in_the_vector_dsl(cores):
     rules = {s: r for s, r, _ in why.stages}
     assert {rules[s] for s in ("reduce_max", "reduce_sum", "vexp", "vdiv")} == {
         "patterns.column_group"}, str(why)
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_log_softmax_over_channels_computes_its_log_once_a_vector(cores):
+    """``y = x - m - log(s)``: ``log(s[n, h, w])`` is the same for every channel, so the
+    channels loop inside each vector of the piece (LLVM computes the log once a vector);
+    the softmax's ``e / s`` keeps the channels outside the piece. 13 classes over 6 x 40."""
+    import tvm
+
+    from schedules.patterns.column_group import _invariant_call
+
+    n, c, h, w = 2, 13, 6, 40
+    x = te.placeholder((n, c, h, w), name="x")
+    r1, r2 = te.reduce_axis((0, c), name="r1"), te.reduce_axis((0, c), name="r2")
+    m = te.compute((n, h, w), lambda a, i, j: te.max(x[a, r1, i, j], axis=r1), name="m")
+    s = te.compute((n, h, w), lambda a, i, j: te.sum(te.exp(x[a, r2, i, j] - m[a, i, j]),
+                                                     axis=r2), name="s")
+    y = te.compute((n, c, h, w), lambda a, q, i, j: x[a, q, i, j] - m[a, i, j] - te.log(
+        s[a, i, j]), name="y")
+    xn = rand((n, c, h, w), "float32", np.random.default_rng(17), -4, 4)
+    (out,), why = build_run([y], [x], [xn], target=_target(cores))
+    check(out, np.log(_ref_softmax(xn, 1)), "float32", "log-softmax over channels")
+    assert why.rule_of("y") == "patterns.column_group", str(why)
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, y]))
+    assert _invariant_call(sch, sch.get_sblock("y"), [1])
+    z = _softmax_over(x, 1, "float32")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([x, z]))
+    assert not _invariant_call(sch, sch.get_sblock("y"), [1])  # e / s: no call
+    assert not _invariant_call(sch, sch.get_sblock("e"), [1])  # exp(x - m) moves with c
