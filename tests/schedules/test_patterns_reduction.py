@@ -431,6 +431,27 @@ def test_outer_reduction_streams_rows_into_the_output_row(shape, dtype, cores, p
     assert (f"{pieces} pieces of it across cores" in note) == (pieces > 1), note
 
 
+@pytest.mark.parametrize("cores", [1, 2])
+@pytest.mark.parametrize(("shape", "parts"), [((3, 37, 80), False), ((2, 5, 19, 48), False),
+                                              ((1, 2048, 128), True)], ids=str)
+def test_sum_over_a_middle_axis_streams_each_leading_step(shape, parts, cores):
+    """``y[b, j] = sum_r x[b, r, j]`` (a mean over a sequence; a 4-D ``[b, c, r, j]``): each
+    step of the leading axes is a streamed reduction of its own, the steps tasks; one step
+    on 2 cores splits its 2048 rows into partial sums. Against float64."""
+    import targets
+
+    x = te.placeholder(shape, name="x")
+    r = te.reduce_axis((0, shape[-2]), name="r")
+    y = te.compute((*shape[:-2], shape[-1]), lambda *i: te.sum(x[(*i[:-1], r, i[-1])],
+                                                                axis=r), name="y")
+    xn = rand(shape, "float32", np.random.default_rng(62))
+    (out,), why = build_run([y], [x], [xn], target=targets.current().with_cores(cores))
+    check(out, xn.astype(np.float64).sum(axis=-2), "float32")
+    note = dict((st, w) for st, _, w in why.stages)["y"]
+    assert "streamed 4 rows a pass" in note, note
+    assert ("partial sums" in note or "in parts" in note) == (parts and cores > 1), note
+
+
 @pytest.mark.parametrize(("cols", "streamed"), [(80, True), (67, False)])
 def test_transposed_matrix_vector_product_streams_its_matrix(cols, streamed):
     """``y[i] = sum_r a[r, i] * x[r]`` (prime rows, 2 cores): the matrix streamed a row at a
