@@ -177,3 +177,21 @@ def test_log_softmax_over_channels_computes_its_log_once_a_vector(cores):
     sch = tvm.s_tir.Schedule(te.create_prim_func([x, z]))
     assert not _invariant_call(sch, sch.get_sblock("y"), [1])  # e / s: no call
     assert not _invariant_call(sch, sch.get_sblock("e"), [1])  # exp(x - m) moves with c
+
+
+@pytest.mark.parametrize("cores", [1, 2])
+def test_softmax_over_two_middle_axes(cores):
+    """``m[n, w] = max_{c, d} x[n, c, d, w]``: two reduced axes, both outside each piece."""
+    n, c, d, w = 2, 5, 7, 48
+    x = te.placeholder((n, c, d, w), name="x")
+    r1, r2, r3, r4 = (te.reduce_axis((0, e), name=f"r{k}") for k, e in enumerate((c, d, c, d)))
+    m = te.compute((n, w), lambda a, j: te.max(x[a, r1, r2, j], axis=[r1, r2]), name="m")
+    e = te.compute((n, c, d, w), lambda a, b, k, j: te.exp(x[a, b, k, j] - m[a, j]), name="e")
+    s = te.compute((n, w), lambda a, j: te.sum(e[a, r3, r4, j], axis=[r3, r4]), name="s")
+    y = te.compute((n, c, d, w), lambda a, b, k, j: e[a, b, k, j] / s[a, j], name="y")
+    xn = rand((n, c, d, w), "float32", np.random.default_rng(18), -3, 3)
+    (out,), why = build_run([y], [x], [xn], target=_target(cores))
+    x64 = xn.astype(np.float64)
+    ex = np.exp(x64 - x64.max((1, 2), keepdims=True))
+    check(out, ex / ex.sum((1, 2), keepdims=True), "float32", "softmax over (c, d)")
+    assert set(_rules(why, "mesy").values()) == {"patterns.column_group"}, str(why)
