@@ -211,6 +211,43 @@ def _conv2d_fwd(d) -> Case:
     return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
 
 
+def _grouped_nhwc_fwd(d) -> Case:
+    """A grouped NHWC conv2d as a user writes it (weights ``[ks, ks, c / groups, k]``): the
+    output channels innermost, read by the input by group."""
+    from tvm import te
+
+    n, c, k, hw, ks, p, g = d["n"], d["c"], d["k"], d["hw"], d["ks"], d["pad"], d["groups"]
+    cg, kg = c // g, k // g
+    out = _conv_out(d)
+    x = te.placeholder((n, hw, hw, c), name="x")
+    w = te.placeholder((ks, ks, cg, k), name="w")
+    xp = te.compute((n, hw + 2 * p, hw + 2 * p, c), lambda b, i, j, ci: te.if_then_else(
+        te.all(i >= p, i < hw + p, j >= p, j < hw + p), x[b, i - p, j - p, ci], 0.0),
+        name="pad")
+    ry, rx, rc = (te.reduce_axis((0, e), name=nm) for e, nm in ((ks, "ry"), (ks, "rx"),
+                                                                (cg, "rc")))
+    y = te.compute((n, out, out, k), lambda b, i, j, o: te.sum(
+        xp[b, i + ry, j + rx, o // kg * cg + rc] * w[ry, rx, rc, o], axis=[ry, rx, rc]),
+        name="conv2d_nhwc")
+    xv, wv = _data((n, hw, hw, c), 16), _data((ks, ks, cg, k), 17)
+
+    def numpy_fn():
+        win = np.lib.stride_tricks.sliding_window_view(
+            np.pad(xv, ((0, 0), (p, p), (p, p), (0, 0))), (ks, ks), axis=(1, 2))
+        return np.concatenate([np.einsum("nhwcij,ijco->nhwo", win[..., i * cg:(i + 1) * cg,
+                                                                  :, :],
+                                         wv[..., i * kg:(i + 1) * kg]) for i in range(g)],
+                              axis=-1)
+
+    def torch_fn(torch):
+        tx = torch.from_numpy(xv).permute(0, 3, 1, 2)
+        tw = torch.from_numpy(wv).permute(3, 2, 0, 1)
+        return lambda: torch.nn.functional.conv2d(tx, tw, padding=p, groups=g).permute(
+            0, 2, 3, 1)
+
+    return Case([x, w], [y], [xv, wv], torch_fn, numpy_fn)
+
+
 def _depthwise_fwd(d) -> Case:
     """A depthwise NCHW conv2d (one channel a group) as a user writes it: a window sum."""
     from tvm import te
@@ -835,6 +872,11 @@ def specs() -> list[Spec]:
         _conv_spec("conv2d_nchw_3x3_g4_28x28x128",
                    {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 4},
                    {"n": 2, "c": 8, "k": 16, "hw": 6, "ks": 3, "pad": 1, "groups": 2}),
+        # the same layer channels-last: its tile along the output channels inside one group
+        Spec("conv2d_nhwc_3x3_g4_28x28x128_b8", "conv2d",
+             {"full": {"n": 8, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 4},
+              "tiny": {"n": 2, "c": 16, "k": 32, "hw": 6, "ks": 3, "pad": 1, "groups": 2}},
+             _grouped_nhwc_fwd, _conv_flops),
         # ResNeXt's 32 groups of 4 channels: rows of 28 in quarter registers on AVX-512
         _conv_spec("conv2d_nchw_3x3_g32_28x28x128",
                    {"n": 1, "c": 128, "k": 128, "hw": 28, "ks": 3, "pad": 1, "groups": 32},
