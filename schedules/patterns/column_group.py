@@ -20,7 +20,8 @@ that are tasks too.
 from __future__ import annotations
 
 from schedules.patterns.common import extent, product
-from schedules.toolbox import PARALLEL_MIN_ELEMS, exact_vector_factor
+from schedules.patterns.reduction import _rows_across_cores
+from schedules.toolbox import exact_vector_factor
 
 # The longest piece of the innermost axis one task holds, per step of the reduced axes: a
 # block of mid x BLOCK_BYTES (64 channels: 64 KiB) stays in L2 between the passes.
@@ -87,6 +88,8 @@ def schedule_column_group(sch, out_name: str, stages: list, facts: dict, target)
     """Schedule the column group of ``stages`` (its reductions and the injective stages
     between them, in order) ending in ``out_name`` (see the module docstring). Returns the
     note for ``dsl.explain``."""
+    import tvm
+
     f = facts[out_name]
     mid, trail = column_axes(facts, out_name, stages)
     blk = sch.get_sblock(out_name)
@@ -98,11 +101,8 @@ def schedule_column_group(sch, out_name: str, stages: list, facts: dict, target)
     piece = extent(sch, w_i)
     outer = [*lead, w_o]
     sch.reorder(*outer, *[by[v] for v in mid], w_i)
-    task = sch.fuse(*outer)
-    across = target.cores > 1 and extent(sch, task) >= 2 and \
-        product(f.extents.values()) >= PARALLEL_MIN_ELEMS
-    if across:
-        sch.parallel(task)
+    task = _rows_across_cores(sch, outer, f, target)
+    across = sch.get(task).kind == tvm.tirx.ForKind.PARALLEL
     for name in reversed(stages):  # consumers first
         sch.compute_at(sch.get_sblock(name), task, preserve_unit_loops=True)
     mid_pos = [f.spatial.index(v) for v in mid]

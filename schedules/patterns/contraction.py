@@ -144,8 +144,7 @@ def roles(f):
 
     for s_op, v_op in ((a, b), (b, a)):
         if v_op.index_vars and v in v_op.index_vars[-1] and stride_in(v_op.indices[-1], v) == 1 \
-                and v not in s_op.reuse_vars() and m_of(s_op, v_op) and \
-                _whole_groups(f, s_op, v):
+                and _whole_groups(f, s_op, v) and m_of(s_op, v_op):
             return s_op, v_op, m_of(s_op, v_op), v, False
     for s_op, v_op in ((a, b), (b, a)):
         if any(str(ix) == v for ix in v_op.indices) and v not in s_op.all_vars() \

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from schedules.patterns.analysis import largest_read
 from schedules.patterns.common import Detail, extent, parallel_loops, product
-from schedules.toolbox import PARALLEL_MIN_ELEMS
+from schedules.toolbox import PARALLEL_MIN_ELEMS, largest_divisor, transpose_blocks
 
 # Steps of the input's contiguous axis a tile holds. One Zen 4 core, tiles of 8 / 16 / 32:
 # NCHW -> NHWC 8x64x56x56 0.25 / 0.31 / 0.41 ms, NHWC -> NCHW 8x112x112x32 1.05 / 1.89 /
@@ -44,28 +44,21 @@ def transposed_axis(f) -> str | None:
     return i
 
 
-def _divisor(n: int, most: int) -> int:
-    return max(d for d in range(1, min(n, most) + 1) if n % d == 0)
-
-
 def schedule_transpose(sch, name: str, facts: dict, target) -> Detail:
     """Tile stage ``name`` along its read's contiguous axis and its own (module
     docstring); the tiles' outer loops across cores."""
     f = facts[name]
     i, j = transposed_axis(f), f.spatial[-1]
-    rows = _divisor(f.extents[i], TILE)
-    lanes = _divisor(f.extents[j], target.lanes(f.out_dtype))
+    rows = largest_divisor(f.extents[i], TILE)
+    lanes = largest_divisor(f.extents[j], target.lanes(f.out_dtype))
     if rows < MIN_TILE or lanes < MIN_TILE:
         raise ValueError(f"{i} ({f.extents[i]}) or {j} ({f.extents[j]}) leaves tiles under "
                          f"{MIN_TILE} steps")
     blk = sch.get_sblock(name)
     by = dict(zip(f.spatial, sch.get_loops(blk)))
-    i_o, i_i = sch.split(by[i], [None, rows])
-    j_o, j_i = sch.split(by[j], [None, lanes])
     others = [by[v] for v in f.spatial if v not in (i, j)]
-    sch.reorder(*others, i_o, j_o, i_i, j_i)
-    sch.vectorize(j_i)
-    sch.unroll(i_i)
+    sch.reorder(*others, by[i], by[j])
+    i_o, j_o = transpose_blocks(sch, by[i], by[j], rows, lanes)
     outer = [*others, i_o]
     tasks = product(extent(sch, lp) for lp in outer)
     parallel_loops(sch, outer + ([j_o] if tasks < 4 * target.cores else []), target,

@@ -31,7 +31,7 @@ from schedules.patterns.common import (
     product,
     vectorize_registers,
 )
-from schedules.toolbox import TASK_TILE_SCOPE, whole_vector_lanes
+from schedules.toolbox import TASK_TILE_SCOPE, largest_divisor, whole_vector_lanes
 
 UNROLL_TAPS = 64  # taps unrolled around the tile at most (a 7x7 window is 49)
 PLANES = 4  # whole small planes one register tile holds at most (_planes)
@@ -122,13 +122,11 @@ def _channels_last_tile(target, f, big, i: str | None, j: str,
     if stride and stride > 1:
         if nvj * regs > CHANNELS_LAST_ACCUMULATORS:
             return _tile(target, f, i, j, lanes)
-        fit = CHANNELS_LAST_ACCUMULATORS // (nvj * regs)
-        return max(r for r in range(1, min(fit, cols) + 1) if cols % r == 0), nvj
+        return largest_divisor(cols, CHANNELS_LAST_ACCUMULATORS // (nvj * regs)), nvj
     rows = CHANNELS_LAST_COLUMNS
     if cols % rows:
         return _tile(target, f, i, j, lanes)
-    fit = max(1, CHANNELS_LAST_ACCUMULATORS // (rows * regs))
-    return rows, max(v for v in range(1, min(fit, nvj) + 1) if nvj % v == 0)
+    return rows, largest_divisor(nvj, CHANNELS_LAST_ACCUMULATORS // (rows * regs))
 
 
 def _inline_padding(sch, blk, facts) -> list[str]:

@@ -281,7 +281,7 @@ def _depthwise_nhwc(d) -> Case:
     from tvm import te
 
     n, c, hw, ks, p, st = d["n"], d["c"], d["hw"], d["ks"], d["pad"], d["stride"]
-    out = (hw + 2 * p - ks) // st + 1
+    out = _conv_out(d)
     x = te.placeholder((n, hw, hw, c), name="x")
     w = te.placeholder((ks, ks, c), name="w")
     xp = te.compute((n, hw + 2 * p, hw + 2 * p, c), lambda b, i, j, ci: te.if_then_else(
@@ -821,16 +821,12 @@ def _window_bytes(d) -> float:
     return 2.0 * F32 * d["n"] * d["c"] * d["hw"] ** 2
 
 
-def _nhwc_window_out(d) -> int:
-    return (d["hw"] + 2 * d["pad"] - d["ks"]) // d["stride"] + 1
-
-
 def _nhwc_window_flops(d) -> float:
-    return 2.0 * d["n"] * d["c"] * _nhwc_window_out(d) ** 2 * d["ks"] ** 2
+    return 2.0 * d["n"] * d["c"] * _conv_out(d) ** 2 * d["ks"] ** 2
 
 
 def _nhwc_window_bytes(d) -> float:
-    return F32 * d["n"] * d["c"] * (d["hw"] ** 2 + _nhwc_window_out(d) ** 2)
+    return F32 * d["n"] * d["c"] * (d["hw"] ** 2 + _conv_out(d) ** 2)
 
 
 def _conv_spec(name: str, full: dict, tiny: dict) -> Spec:
